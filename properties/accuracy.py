@@ -1,0 +1,59 @@
+"""Accuracy against position: the error profile and the accuracy horizon.
+
+One call at positions 0, 1, 2, 3, 2^k and 3 * 2^(k-1) up to 2^24 (a head size of 32, or
+the declared rotary dimension). For each position: the largest error in units of the
+full tolerance model and in units of the *strict* bound (arithmetic only, no float32
+angle allowance). The horizon is the largest position up to which every probed position
+meets the strict bound: how far the target keeps the accuracy of exact angles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from properties.cases import Case, as_float64
+from properties.strategies import MAX_POSITION, max_position_for
+from ropecheck.calling import CallError
+
+SWEEP_HEADS = 4
+
+
+def sweep_positions(limit: int = MAX_POSITION) -> np.ndarray:
+    points = {0, 1, 2, 3}
+    for k in range(1, 25):
+        points |= {2**k, 3 * 2 ** (k - 1)}
+    return np.array(sorted(p for p in points if p <= limit), dtype=np.int64)
+
+
+def accuracy_sweep(ctx) -> dict:
+    convention = ctx.convention
+    head_dim = ctx.target.rotary_dim or 32
+    positions = sweep_positions(max_position_for(head_dim))[None, :]
+    case = Case(ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim,
+                tuple(map(tuple, positions.tolist())), seed=12345)
+    x = case.tensor()
+    try:
+        y = as_float64(ctx.rope(x, torch.from_numpy(positions)))
+    except CallError as exc:
+        return {"error": str(exc)}
+    x64 = as_float64(x)
+    diff = np.abs(y - convention.apply(x64, positions))
+    full = diff / ctx.model.element_bound(x64, positions, convention)
+    strict = diff / ctx.model.element_bound(x64, positions, convention, strict=True)
+    full_by_pos = full.max(axis=(0, 2, 3))
+    strict_by_pos = strict.max(axis=(0, 2, 3))
+    failing = np.nonzero(strict_by_pos > 1.0)[0]
+    if failing.size == 0:
+        horizon = int(positions[0, -1])
+    elif failing[0] == 0:
+        horizon = None
+    else:
+        horizon = int(positions[0, failing[0] - 1])
+    return {
+        "positions": positions[0].tolist(),
+        "error": [float(v) for v in full_by_pos],
+        "strict_error": [float(v) for v in strict_by_pos],
+        "horizon": horizon,
+        "max_error": float(full_by_pos.max()),
+    }

@@ -1,0 +1,71 @@
+"""Comparisons that every check shares, and the failure they raise.
+
+Each comparison measures |actual - expected| against an allowed bound of the same shape
+and returns the largest ratio (the error in tolerance units); a ratio above 1 raises
+CheckFailure naming how many elements failed, the worst one, its position, and the
+values on both sides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__tracebackhide__ = True
+
+
+class CheckFailure(AssertionError):
+    """A property does not hold. ``error`` is in tolerance units (> 1)."""
+
+    def __init__(self, message: str, error: float = float("inf")):
+        super().__init__(message)
+        self.error = error
+
+
+AXES_4D = ("batch", "seq", "head", "feature")
+AXES_3D = ("batch", "seq", "head")
+
+
+def _where(index, axes, positions) -> str:
+    parts = [f"{name}={i}" for name, i in zip(axes, index)]
+    if positions is not None and len(index) >= 2:
+        parts.append(f"position={int(positions[index[0], index[1]])}")
+    return ", ".join(parts)
+
+
+def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXES_4D) -> float:
+    """|actual - expected| <= bound elementwise; returns max(|actual - expected| / bound)."""
+    __tracebackhide__ = True
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
+    diff = np.abs(actual - expected)
+    ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)
+    if ratio.size == 0:
+        return 0.0
+    flat = int(np.argmax(ratio))
+    worst = float(ratio.flat[flat])
+    if worst <= 1.0:
+        return worst
+    index = np.unravel_index(flat, ratio.shape)
+    bad = int(np.count_nonzero(ratio > 1.0))
+    raise CheckFailure(
+        f"{what}: {bad} / {ratio.size} ({100.0 * bad / ratio.size:.3g} %) outside the bound; "
+        f"worst at {_where(index, axes, positions)}: got {actual[index]:.9g}, expected "
+        f"{expected[index]:.9g}, |difference| {diff[index]:.3g}, allowed {bound[index]:.3g} "
+        f"({worst:.3g} x tolerance)", error=worst)
+
+
+def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> float:
+    """|a - b| > bound elementwise (things that must differ do, beyond rounding noise).
+    Returns the largest bound / |a - b| (<= 1 passes)."""
+    __tracebackhide__ = True
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    bound = np.broadcast_to(np.asarray(bound, np.float64), diff.shape)
+    ratio = bound / np.maximum(diff, np.finfo(np.float64).tiny)
+    flat = int(np.argmax(ratio))
+    worst = float(ratio.flat[flat])
+    if worst <= 1.0:
+        return worst
+    index = np.unravel_index(flat, ratio.shape)
+    raise CheckFailure(f"{what}: at {_where(index, axes, positions)} the difference "
+                       f"{diff[index]:.3g} is within rounding noise {bound[index]:.3g}",
+                       error=worst)

@@ -1,0 +1,362 @@
+"""The property checks. Each reads like its formula.
+
+A check takes a Context (the target behind its Caller, the dtype, the error model) and a
+drawn Case (plus extra drawn parameters), calls the target, and compares both sides of
+its formula in float64 under the error model; it returns the largest error in tolerance
+units (<= 1) or raises CheckFailure. Spec-free checks need no convention and compare
+whole head vectors (the pairing is unknown); reference and backward compare elementwise
+with the float64 reference of the declared convention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from properties.cases import Case, as_float64
+from properties.strategies import MAX_POSITION, cases, critical_cases, position_grids
+from ropecheck.calling import Caller
+from ropecheck.target import Target
+from ropecheck.tolerance import ErrorModel
+
+
+@dataclass
+class Context:
+    target: Target
+    dtype: str
+    timeout: Optional[float] = 20.0
+    rope: Caller = field(init=False)
+    model: ErrorModel = field(init=False)
+
+    def __post_init__(self):
+        self.rope = Caller(self.target, self.timeout)
+        self.model = ErrorModel(self.dtype)
+
+    @property
+    def convention(self):
+        return self.target.convention
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    formula: str
+    check: Callable  # check(ctx, case, **extras) -> float
+    extras: Callable = lambda ctx, case: st.just({})  # strategy of keyword extras
+    example_extras: Callable = lambda ctx, case: {}  # extras for the critical cases
+    needs_convention: bool = False
+    needs_backward: bool = False
+    case_options: dict = field(default_factory=dict)
+
+    def case_strategy(self, ctx: Context):
+        return cases(ctx.dtype, ctx.target.rotary_dim, **self.case_options)
+
+    def applies_to(self, target: Target) -> tuple[bool, str]:
+        if self.needs_convention and target.convention is None:
+            return False, "needs a declared convention (--layout)"
+        if self.needs_backward and not target.backward:
+            return False, "target declares no backward"
+        return True, ""
+
+
+PROPERTIES: dict[str, Property] = {}
+
+
+def register(**kwargs):
+    def wrap(check):
+        PROPERTIES[kwargs["name"]] = Property(check=check, **kwargs)
+        return check
+    return wrap
+
+
+# --- shared pieces -----------------------------------------------------------------
+
+def _norms(v: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(v, axis=-1)
+
+
+def _eps(ctx: Context, positions: np.ndarray) -> np.ndarray:
+    """Allowed error of f(., positions) per unit of head-vector norm, shape (b, s, 1)."""
+    return math.sqrt(2.0) * ctx.model.relative_bound(ctx.model.angle_error(positions))[..., None]
+
+
+def _ops(ctx: Context) -> float:
+    """Allowed error per unit norm from arithmetic alone (angle errors cancel)."""
+    return float(ctx.model.norm_bound(1.0))
+
+
+def _f(ctx: Context, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    return as_float64(ctx.rope(x, torch.from_numpy(np.ascontiguousarray(positions))))
+
+
+def _shift_range(positions: np.ndarray) -> tuple[int, int]:
+    return -int(positions.min()), MAX_POSITION - int(positions.max())
+
+
+# --- contract ----------------------------------------------------------------------
+
+@register(name="contract",
+          formula="y = f(x, m) has x's shape and dtype, is finite, leaves x and m untouched, "
+                  "and f(view) = f(view.contiguous()) for non-contiguous x",
+          case_options={"memory": ("transposed", "padded", "strided-heads")})
+def contract(ctx: Context, case: Case) -> float:
+    x, p = case.tensor(), case.positions_array()
+    strided, compact = _f(ctx, x, p), _f(ctx, x.contiguous(), p)
+    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
+    return assert_close(_norms(strided - compact), 0.0, bound, positions=p, axes=AXES_3D,
+                        what=f"f(x, m) on a {case.memory} view differs from f on its contiguous copy")
+
+
+# --- spec-free properties ----------------------------------------------------------
+
+@register(name="identity", formula="f(x, 0) = x",
+          case_options={"positions": False})
+def identity(ctx: Context, case: Case) -> float:
+    x = case.tensor()
+    x64, p = as_float64(x), case.positions_array()
+    bound = ctx.model.vector_bound(_norms(x64), p)
+    return assert_close(_norms(_f(ctx, x, p) - x64), 0.0, bound, positions=p, axes=AXES_3D,
+                        what="|f(x, 0) - x| per head vector")
+
+
+@register(name="linearity", formula="f(a x + b y, m) = a f(x, m) + b f(y, m)",
+          extras=lambda ctx, case: st.fixed_dictionaries(
+              {"a": st.sampled_from((1.5, -0.75, 3.0, 0.5)), "b": st.sampled_from((-2.0, 1.25, 0.5))}),
+          example_extras=lambda ctx, case: {"a": 1.5, "b": -2.0})
+def linearity(ctx: Context, case: Case, a: float, b: float) -> float:
+    p = case.positions_array()
+    x, y = case.values(0), case.values(1)
+    xt, yt = case.tensor(values=x), case.tensor(values=y)
+    x, y = as_float64(xt), as_float64(yt)
+    z_exact = a * x + b * y
+    zt = case.tensor(values=z_exact)
+    lhs = _f(ctx, zt, p)
+    rhs = a * _f(ctx, xt, p) + b * _f(ctx, yt, p)
+    rounding = _norms(as_float64(zt) - z_exact)  # a rotation keeps this norm
+    bound = _ops(ctx) * (_norms(z_exact) + abs(a) * _norms(x) + abs(b) * _norms(y)) \
+        + rounding * (1 + _ops(ctx)) + 3 * ctx.model.floor
+    return assert_close(_norms(lhs - rhs), 0.0, bound, positions=p, axes=AXES_3D,
+                        what="|f(a x + b y, m) - a f(x, m) - b f(y, m)| per head vector")
+
+
+@register(name="orthogonality", formula="|f(x, m)| = |x| and <f(x, m), f(y, m)> = <x, y>")
+def orthogonality(ctx: Context, case: Case) -> float:
+    p = case.positions_array()
+    xt, yt = case.tensor(0), case.tensor(1)
+    x, y = as_float64(xt), as_float64(yt)
+    fx, fy = _f(ctx, xt, p), _f(ctx, yt, p)
+    e = _ops(ctx)
+    norm_error = assert_close(_norms(fx), _norms(x), e * _norms(x) + ctx.model.floor,
+                              positions=p, axes=AXES_3D, what="|f(x, m)| = |x| per head vector")
+    inner_bound = (2 * e + e * e) * _norms(x) * _norms(y) + ctx.model.floor
+    inner_error = assert_close(np.sum(fx * fy, -1), np.sum(x * y, -1), inner_bound, positions=p,
+                               axes=AXES_3D, what="<f(x, m), f(y, m)> = <x, y> per head")
+    return max(norm_error, inner_error)
+
+
+def _shift_extra(ctx, case):
+    low, high = _shift_range(case.positions_array())
+    return st.fixed_dictionaries({"shift": st.integers(low, high).filter(lambda c: c != 0)
+                                  if high > low else st.just(0)})
+
+
+def _example_shift(ctx, case):
+    low, high = _shift_range(case.positions_array())
+    return {"shift": 7 if high >= 7 else low}
+
+
+def _scores_under_shift(ctx: Context, case: Case, shift: int):
+    """S[b, h, i, j] = <f(q, m_i), f(k, n_j)> at positions P and P + shift, and the bound
+    on |S - S'| from the four calls' error bounds."""
+    p = case.positions_array()
+    q, k = case.tensor(0), case.tensor(1)
+    scores = []
+    for grid in (p, p + shift):
+        fq, fk = _f(ctx, q, grid), _f(ctx, k, grid)
+        scores.append(np.einsum("bihd,bjhd->bhij", fq, fk))
+    e0, e1 = _eps(ctx, p)[..., 0], _eps(ctx, p + shift)[..., 0]  # (b, s)
+    e = e0 + e1
+    nq, nk = _norms(as_float64(q)), _norms(as_float64(k))  # (b, s, h)
+    bound = (np.einsum("bih,bjh->bhij", nq, nk)
+             * (e[:, None, :, None] + e[:, None, None, :]) * (1 + e.max())) + ctx.model.floor
+    return scores[0], scores[1], bound, p
+
+
+@register(name="relativity",
+          formula="<f(q, m), f(k, n)> = <f(q, m + c), f(k, n + c)>  (depends on n - m only)",
+          extras=_shift_extra, example_extras=_example_shift)
+def relativity(ctx: Context, case: Case, shift: int) -> float:
+    s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
+    return assert_close(s1, s0, bound, axes=("batch", "head", "query", "key"),
+                        what=f"scores after shifting every position by c = {shift}")
+
+
+@register(name="translation",
+          formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
+          extras=_shift_extra, example_extras=_example_shift, case_options={"min_seq": 2})
+def translation(ctx: Context, case: Case, shift: int) -> float:
+    s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
+    scale = 1.0 / math.sqrt(case.head_dim)
+
+    def softmax(s):
+        z = np.exp((s - s.max(-1, keepdims=True)) * scale)
+        return z / z.sum(-1, keepdims=True)
+
+    p0, p1 = softmax(s0), softmax(s1)
+    # Scores off by at most B move each probability by |dp| <= p (e^{2B} - 1), and by 1 at most.
+    spread = np.expm1(np.minimum(2 * scale * bound.max(-1, keepdims=True), 50.0))
+    return assert_close(p1, p0, np.minimum(np.maximum(p0, p1) * spread, 1.0) + 1e-300,
+                        axes=("batch", "head", "query", "key"),
+                        what=f"attention probabilities after shifting every position by c = {shift}")
+
+
+@st.composite
+def _second_grid(draw, ctx, case):
+    p = case.positions_array()
+    room = MAX_POSITION - int(p.max())
+    return {"steps": draw(position_grids(case.batch, case.seq, max(room, 0)))}
+
+
+@register(name="group-law", formula="f(f(x, a), b) = f(x, a + b)",
+          extras=_second_grid,
+          example_extras=lambda ctx, case: {"steps": np.minimum(
+              np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
+              MAX_POSITION - case.positions_array())})
+def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
+    a, b = case.positions_array(), np.asarray(steps, dtype=np.int64)
+    x = case.tensor()
+    once = ctx.rope(x, torch.from_numpy(a))
+    twice = _f(ctx, once, b)
+    direct = _f(ctx, x, a + b)
+    ea, eb, eab = _eps(ctx, a), _eps(ctx, b), _eps(ctx, a + b)
+    bound = (ea + eb + eab + ea * eb) * _norms(as_float64(x)) + 2 * ctx.model.floor
+    return assert_close(_norms(twice - direct), 0.0, bound, positions=a + b, axes=AXES_3D,
+                        what="|f(f(x, a), b) - f(x, a + b)| per head vector (position shown: a + b)")
+
+
+@register(name="invertibility",
+          formula="f(x, m) != f(x, m + k) for k = 1, 2, 3 (distinct positions stay distinct)",
+          extras=lambda ctx, case: st.fixed_dictionaries({"k": st.sampled_from((1, 2, 3))}),
+          example_extras=lambda ctx, case: {"k": 1},
+          case_options={"max_position": 4096})
+def invertibility(ctx: Context, case: Case, k: int) -> float:
+    p = np.minimum(case.positions_array(), 4096)
+    rng = np.random.default_rng([case.seed, 7])
+    values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
+    x = case.tensor(values=values)
+    f0, f1 = _f(ctx, x, p), _f(ctx, x, p + k)
+    noise = (_eps(ctx, p) + _eps(ctx, p + k)) * _norms(as_float64(x)) + ctx.model.floor
+    return assert_distinct(_norms(f0 - f1), 0.0, noise, positions=p, axes=AXES_3D,
+                           what=f"f(x, m) against f(x, m + {k})")
+
+
+@register(name="inverse", formula="f(f^T(g, m), m) = g, with f^T the target's own VJP",
+          needs_backward=True)
+def inverse(ctx: Context, case: Case) -> float:
+    p = case.positions_array()
+    pt = torch.from_numpy(p)
+    g = case.tensor(1)
+    back = ctx.rope.vjp(case.tensor(0), pt, g)
+    forth = _f(ctx, back, p)
+    e = _eps(ctx, p)
+    bound = (2 * e + e * e) * _norms(as_float64(g)) + 2 * ctx.model.floor
+    return assert_close(_norms(forth - as_float64(g)), 0.0, bound, positions=p, axes=AXES_3D,
+                        what="|f(VJP(g), m) - g| per head vector")
+
+
+@st.composite
+def _distractor(draw, ctx, case):
+    dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
+    other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim))
+    return {"other": other, "split": draw(st.integers(0, case.seq - 1))}
+
+
+def _example_distractor(ctx, case):
+    dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
+    other = critical_cases(dtypes[0], ctx.target.rotary_dim)[-1]
+    return {"other": other, "split": case.seq // 2}
+
+
+@register(name="statelessness",
+          formula="f(x, m) is the same before and after other calls, and a prefill of "
+                  "tokens [0, s) then one decode call per later token equals one call",
+          extras=_distractor, example_extras=_example_distractor)
+def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
+    p, x = case.positions_array(), case.tensor()
+    first = _f(ctx, x, p)
+    ctx.rope(other.tensor(), other.positions_tensor())
+    again = _f(ctx, x, p)
+    pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
+    pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]
+    stepwise = np.concatenate(pieces, axis=1)
+    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
+    repeat = assert_close(_norms(again - first), 0.0, bound, positions=p, axes=AXES_3D,
+                          what=f"f(x, m) changed after a call on {other.describe()}")
+    split_error = assert_close(_norms(stepwise - first), 0.0, bound, positions=p, axes=AXES_3D,
+                               what=f"prefill of {split} tokens then one-token decode calls "
+                                    "against one call")
+    return max(repeat, split_error)
+
+
+@register(name="batch-independence",
+          formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
+          case_options={"min_batch": 2})
+def batch_independence(ctx: Context, case: Case) -> float:
+    p, x = case.positions_array(), case.tensor()
+    whole = _f(ctx, x, p)
+    rows = np.concatenate([_f(ctx, x[b:b + 1], p[b:b + 1]) for b in range(case.batch)], axis=0)
+    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
+    return assert_close(_norms(whole - rows), 0.0, bound, positions=p, axes=AXES_3D,
+                        what="a batch call against one call per row")
+
+
+# --- with a declared convention ------------------------------------------------------
+
+def _where_pairs(ctx: Context, head_dim: int) -> str:
+    c = ctx.convention
+    return f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
+
+
+@register(name="reference",
+          formula="f(x, m) = R_m x, the float64 reference of the declared convention, "
+                  "within the error model",
+          needs_convention=True)
+def reference_agreement(ctx: Context, case: Case) -> float:
+    p, x = case.positions_array(), case.tensor()
+    x64 = as_float64(x)
+    expected = ctx.convention.apply(x64, p)
+    bound = ctx.model.element_bound(x64, p, ctx.convention)
+    return assert_close(_f(ctx, x, p), expected, bound, positions=p,
+                        what=f"f(x, m) against the float64 reference ({_where_pairs(ctx, case.head_dim)})")
+
+
+@register(name="backward",
+          formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
+          needs_backward=True)
+def backward(ctx: Context, case: Case) -> float:
+    p = case.positions_array()
+    pt = torch.from_numpy(p)
+    g, v = case.tensor(1), case.tensor(2)
+    vjp = as_float64(ctx.rope.vjp(case.tensor(0), pt, g))
+    g64, v64 = as_float64(g), as_float64(v)
+    e = _eps(ctx, p)
+    adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * _f(ctx, v, p), -1),
+                           2 * e * _norms(g64) * _norms(v64) + ctx.model.floor,
+                           positions=p, axes=AXES_3D,
+                           what="adjoint identity <VJP(g), v> = <g, f(v, m)> per head")
+    if ctx.convention is None:
+        return adjoint
+    expected = ctx.convention.apply(g64, -p)
+    bound = ctx.model.element_bound(g64, p, ctx.convention)
+    exact = assert_close(vjp, expected, bound, positions=p,
+                         what="VJP(g) against R_m^T g = f_ref(g, -m)")
+    return max(adjoint, exact)
+
+
+__all__ = ["PROPERTIES", "Property", "Context", "CheckFailure"]

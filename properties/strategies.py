@@ -1,0 +1,109 @@
+"""Hypothesis strategies for RoPE inputs, composed from small named pieces.
+
+Shapes: head_dim not a power of two, heads 1, seq 1, batch > 1, odd head_dim when the
+rotary dimension is partial, non-contiguous views. Positions: offsets as in KV-cache
+decode, different per batch row, sparse, large up to 2^24, and values across 2^k
+boundaries and the int16 / float16 / bfloat16 limits.
+
+Memory budget: a target that tabulates cos/sin up to the largest position it sees holds
+(max position x head_dim) floats, so the largest position drawn shrinks as head_dim grows
+(POSITION_BUDGET / head_dim, at most 2^24): 2^24 with head_dim <= 32, 2^22 with 128.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from properties.cases import MEMORY_LAYOUTS, Case
+
+MAX_POSITION = 2**24
+POSITION_BUDGET = 2**29
+
+# Integer limits of the dtypes positions get wrongly held in, and 2^k +- 1.
+LIMITS = (255, 256, 257, 2047, 2048, 2049, 32767, 32768, 65504, 65505, 65535, 65536)
+BOUNDARIES = tuple(sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1)
+                           if v <= MAX_POSITION} | set(LIMITS)))
+
+FREE_HEAD_DIMS = (8, 2, 4, 6, 10, 14, 16, 24, 32, 48, 64, 80, 96, 128, 160, 256)
+
+
+def max_position_for(head_dim: int) -> int:
+    return int(min(MAX_POSITION, POSITION_BUDGET // max(head_dim, 1)))
+
+
+def head_dims(rotary_dim: int | None = None) -> st.SearchStrategy[int]:
+    """Even head sizes of every kind when the whole head rotates; with a partial rotary
+    dimension r, head sizes r .. r + 32, odd ones included."""
+    if rotary_dim is None:
+        return st.sampled_from(FREE_HEAD_DIMS)
+    return st.sampled_from((rotary_dim, rotary_dim + 1, rotary_dim + 2, rotary_dim + 7,
+                            rotary_dim + 32))
+
+
+def offsets(limit: int) -> st.SearchStrategy[int]:
+    """A starting position: small, cache-sized, at a boundary, or anywhere up to limit."""
+    return st.one_of(
+        st.integers(0, min(16, limit)),
+        st.integers(0, min(4096, limit)),
+        st.sampled_from([b for b in BOUNDARIES if b <= limit] or [0]),
+        st.integers(0, limit),
+    )
+
+
+@st.composite
+def position_grids(draw, batch: int, seq: int, limit: int = MAX_POSITION) -> np.ndarray:
+    """(batch, seq) int64 positions, every value in [0, limit]."""
+    kind = draw(st.sampled_from(("row-offsets", "shared-offset", "scattered")))
+    if kind == "scattered" or limit < seq - 1:
+        values = draw(st.lists(st.one_of(offsets(limit), st.integers(0, limit)),
+                               min_size=batch * seq, max_size=batch * seq))
+        return np.asarray(values, dtype=np.int64).reshape(batch, seq)
+    top = limit - (seq - 1)
+    if kind == "shared-offset":
+        starts = [draw(offsets(top))] * batch
+    else:
+        starts = draw(st.lists(offsets(top), min_size=batch, max_size=batch))
+    return np.asarray(starts, dtype=np.int64)[:, None] + np.arange(seq, dtype=np.int64)
+
+
+@st.composite
+def cases(draw, dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
+          min_seq: int = 1, max_position: int = MAX_POSITION,
+          memory=MEMORY_LAYOUTS, positions=True) -> Case:
+    batch = draw(st.integers(min_batch, max(min_batch, 3)))
+    seq = draw(st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24),
+                         st.just(max(min_seq, 1))))
+    heads = draw(st.integers(1, 3))
+    head_dim = draw(head_dims(rotary_dim))
+    limit = min(max_position, max_position_for(head_dim))
+    grid = (draw(position_grids(batch, seq, limit)) if positions
+            else np.zeros((batch, seq), dtype=np.int64))
+    return Case(
+        dtype=dtype, batch=batch, seq=seq, heads=heads, head_dim=head_dim,
+        positions=tuple(map(tuple, grid.tolist())),
+        memory=draw(st.sampled_from(memory)),
+        scale=draw(st.sampled_from((1.0, 0.01, 100.0))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
+    """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
+    every boundary position up to 2^24 on an odd / non-power-of-two head size, per-row
+    offsets on a padded view."""
+    r = rotary_dim
+    small = 8 if r is None else r
+    odd = 80 if r is None else r + 1
+    mid = 96 if r is None else r + 2
+    boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504,
+                65505, 2**20 + 1, 2**24]
+    limit_odd = max_position_for(odd)
+    cap = [min(p, limit_odd) for p in boundary]
+    return [
+        Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
+        Case(dtype, 1, len(cap), 1, odd, (tuple(cap),), "contiguous", 1.0, 2),
+        Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
+        Case(dtype, 3, 5, 2, mid, tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
+             "padded", 1.0, 4),
+    ]

@@ -1,0 +1,166 @@
+"""``ropecheck`` command line.
+
+Exit status: 0 every check passed; 1 a check failed; 2 usage error, or the target could
+not be loaded or called (the message says why; a traceback only with --debug).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import traceback
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, selected_properties
+from reference import LAYOUTS
+from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
+from ropecheck.calling import DEFAULT_TIMEOUT
+from ropecheck.output import print_failures, results_table, write_json, write_junit
+from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, resolve_dtypes, smoke_call
+
+EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE):
+    console.print(f"[bold red]ropecheck:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed) -> str:
+    words = ["ropecheck", "check"] + ([argv_target] if argv_target else [])
+    if spec.layout:
+        words += ["--layout", spec.layout]
+    if spec.base is not None:
+        words += ["--base", f"{spec.base:g}"]
+    if spec.rotary_dim:
+        words += ["--rotary-dim", str(spec.rotary_dim)]
+    if not spec.backward:
+        words.append("--no-backward")
+    if spec.inplace:
+        words.append("--inplace")
+    for d in dtypes:
+        words += ["--dtype", d]
+    words += ["--profile", profile]
+    if seed is not None:
+        words += ["--seed", str(seed)]
+    return shlex.join(words)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ropecheck")
+def main():
+    """Numerical verification and property testing for rotary position embeddings."""
+
+
+@main.command()
+@click.argument("target", required=False)
+@click.option("--layout", type=click.Choice(LAYOUTS),
+              help="Pairing layout. Without it only spec-free checks run.")
+@click.option("--base", type=float, help="Frequency base (default 10000).")
+@click.option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
+@click.option("--dtype", "dtypes", multiple=True,
+              help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
+@click.option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
+@click.option("--inplace", is_flag=True, help="The target writes its output into x and returns it.")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
+              help="Example budget: ci (derandomized), dev, thorough.")
+@click.option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
+@click.option("--property", "property_names", multiple=True, help="Run only these properties.")
+@click.option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
+@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+              help="Seconds one call of the target may take.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def check(target, layout, base, rotary_dim, dtypes, no_backward, inplace, profile, seed,
+          property_names, max_examples, timeout, json_path, junit_path, debug):
+    """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
+    default: the built-in rotate-half) against the RoPE properties."""
+    console = Console(stderr=False, highlight=False)
+    spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace)
+    try:
+        built = spec.build()
+        dtype_list, explicit = resolve_dtypes(dtypes, built)
+        properties = selected_properties(property_names)
+    except UnusableTarget as exc:
+        _fail(console, f"cannot load target {spec.name!r}: {exc}")
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+
+    if built.convention is None:
+        console.print("[yellow]No --layout given: running spec-free checks only "
+                      "(no comparison with the float64 reference).[/]")
+    else:
+        console.print(f"Convention: {built.convention.flags()}")
+
+    usable = []
+    for dtype in dtype_list:
+        problem = smoke_call(built, dtype, timeout)
+        if problem is None:
+            usable.append(dtype)
+        elif explicit:
+            _fail(console, f"target {spec.name!r} cannot be called: {problem}")
+        else:
+            console.print(f"[yellow]skipping {dtype}: {problem}[/]")
+    if not usable:
+        _fail(console, f"target {spec.name!r} cannot be called in any dtype")
+
+    seed = seed if seed is not None or profile == "ci" else default_seed()
+    options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples)
+    session = Session(built, usable, properties, options,
+                      reproduce=_reproduce_command(target, spec, usable, profile, seed))
+    console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized"))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            task = progress.add_task("checking", total=len(usable) * len(properties))
+
+            def advance(result):
+                progress.update(task, advance=1, description=f"{result.property} ({result.dtype})")
+
+            session.run(advance)
+    except KeyboardInterrupt:
+        _fail(console, "interrupted", EXIT_FAILED)
+    except Exception as exc:  # our own bug: say so plainly
+        if debug:
+            traceback.print_exc()
+        _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+
+    console.print(results_table(session))
+    print_failures(console, session)
+    if session.stopped:
+        console.print(f"[bold red]stopped early:[/] {session.stopped}")
+    if json_path:
+        write_json(json_path, session)
+    if junit_path:
+        write_junit(junit_path, session)
+    if debug:
+        for r in session.results:
+            if r.status == "error":
+                console.print(r.message, markup=False)
+    verdict = session.verdict
+    console.print({"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
+                   "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}[verdict])
+    sys.exit({"passed": EXIT_PASSED, "failed": EXIT_FAILED, "error": EXIT_UNUSABLE}[verdict])
+
+
+@main.command(name="list")
+def list_targets():
+    """List the built-in targets and their conventions."""
+    console = Console(highlight=False)
+    from rich.table import Table
+
+    table = Table(title="built-in targets")
+    for column in ("name", "layout", "description"):
+        table.add_column(column)
+    for name, (layout, _, description) in BUILTINS.items():
+        marker = " (default)" if name == DEFAULT_TARGET else ""
+        table.add_row(name + marker, layout, description)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""pytest front door: ``pytest --pyargs properties --rope-target TARGET ...``.
+
+The same engine as ``ropecheck check``; pytest supplies JUnit (--junitxml), -k, -x and
+xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
+from ropecheck.calling import DEFAULT_TIMEOUT
+from ropecheck.session import TargetSpec, UnusableTarget, resolve_dtypes, smoke_call
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("ropecheck", "RoPE property checks (ropecheck)")
+    group.addoption("--rope-target", default=None,
+                    help="target: path/to/file.py:func, package.module:attr or a built-in name")
+    group.addoption("--rope-layout", choices=("interleaved", "half"), default=None)
+    group.addoption("--rope-base", type=float, default=None)
+    group.addoption("--rope-rotary-dim", type=int, default=None)
+    group.addoption("--rope-dtype", action="append", default=[],
+                    help="dtype to check; repeat or comma-separate (default: all)")
+    group.addoption("--rope-no-backward", action="store_true")
+    group.addoption("--rope-inplace", action="store_true")
+    group.addoption("--rope-profile", choices=tuple(PROFILES), default=DEFAULT_PROFILE)
+    group.addoption("--rope-seed", type=int, default=None)
+    group.addoption("--rope-max-examples", type=int, default=None)
+    group.addoption("--rope-timeout", type=float, default=DEFAULT_TIMEOUT)
+
+
+def _spec(config) -> TargetSpec:
+    get = config.getoption
+    return TargetSpec(get("--rope-target"), get("--rope-layout"), get("--rope-base"),
+                      get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
+                      inplace=get("--rope-inplace"))
+
+
+def pytest_generate_tests(metafunc):
+    if "rope_dtype" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    try:
+        target = _spec(config).build()
+        dtypes, _ = resolve_dtypes(config.getoption("--rope-dtype"), target)
+    except (UnusableTarget, ValueError) as exc:
+        raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
+    metafunc.parametrize("rope_dtype", dtypes)
+
+
+@pytest.fixture(scope="session")
+def rope_target(request):
+    try:
+        return _spec(request.config).build()
+    except UnusableTarget as exc:
+        pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=2)
+
+
+@pytest.fixture(scope="session")
+def rope_options(request) -> RunOptions:
+    get = request.config.getoption
+    return RunOptions(profile=get("--rope-profile"), seed=get("--rope-seed"),
+                      timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"))
+
+
+_callable_cache: dict = {}
+
+
+@pytest.fixture
+def rope_callable(rope_target, rope_dtype, rope_options):
+    """Skips every check of a dtype in which the target cannot be called at all."""
+    key = rope_dtype
+    if key not in _callable_cache:
+        _callable_cache[key] = smoke_call(rope_target, rope_dtype, rope_options.timeout)
+    if _callable_cache[key] is not None:
+        pytest.fail(f"target cannot be called: {_callable_cache[key]}", pytrace=False)
+    return rope_target

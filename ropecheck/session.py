@@ -1,0 +1,119 @@
+"""A check session: build the target from a spec and flags, make sure it can be called,
+and run the selected properties over the selected dtypes. Shared by the CLI and the
+pytest plugin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from properties.checks import Property
+from properties.runner import Result, RunOptions, run_property
+from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
+from ropecheck.calling import Caller, CallError, TargetHung
+from ropecheck.dtypes import canonical, torch_dtype
+from ropecheck.loading import TargetLoadError, load
+from ropecheck.target import Convention, Target
+
+
+class UnusableTarget(Exception):
+    """The target cannot be loaded or called at all (exit status 2)."""
+
+
+@dataclass
+class TargetSpec:
+    spec: Optional[str] = None
+    layout: Optional[str] = None
+    base: Optional[float] = None
+    rotary_dim: Optional[int] = None
+    backward: bool = True
+    inplace: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec or DEFAULT_TARGET
+
+    def build(self) -> Target:
+        """Load the target and attach the declared convention and capabilities."""
+        options = {k: v for k, v in (("base", self.base), ("rotary_dim", self.rotary_dim),
+                                     ("layout", self.layout)) if v is not None}
+        try:
+            target = load(self.name, **(options if self.name in BUILTINS else {}))
+            convention = target.convention
+            if self.layout is not None:
+                convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim)
+            elif convention is not None and self.name not in BUILTINS:
+                # a Target object loaded from a file: flags override its declaration
+                convention = Convention(convention.layout, self.base or convention.base,
+                                        self.rotary_dim or convention.rotary_dim)
+        except (TargetLoadError, ValueError) as exc:
+            raise UnusableTarget(str(exc)) from None
+        rotary_dim = self.rotary_dim or target.rotary_dim
+        return target.with_(convention=convention, rotary_dim=rotary_dim,
+                            backward=self.backward and target.backward,
+                            inplace=self.inplace or target.inplace)
+
+
+def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
+    """Call the target once on a small ordinary input. Returns None when it returns a tensor
+    (right or wrong: the checks judge that), or the reason it cannot be called."""
+    head_dim = target.rotary_dim or 8
+    x = torch.randn(1, 4, 2, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+    positions = torch.arange(4, dtype=torch.int64)[None, :]
+    try:
+        Caller(target, timeout)(x, positions)
+    except CallError as exc:
+        if exc.kind == "raised":
+            return f"calling it on x {tuple(x.shape)} {dtype}, positions [0, 1, 2, 3]: {exc}"
+    except TargetHung as exc:
+        return f"calling it on x {tuple(x.shape)} {dtype}, positions [0, 1, 2, 3]: {exc}"
+    return None
+
+
+@dataclass
+class Session:
+    target: Target
+    dtypes: list[str]
+    properties: list[Property]
+    options: RunOptions = field(default_factory=RunOptions)
+    reproduce: str = ""
+    results: list[Result] = field(default_factory=list)
+    stopped: Optional[str] = None  # why the run stopped early
+
+    def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
+        for dtype in self.dtypes:
+            for prop in self.properties:
+                try:
+                    result = run_property(prop, self.target, dtype, self.options,
+                                          reproduce_hint=f"{self.reproduce} --property {prop.name}")
+                except TargetHung as exc:
+                    result = Result(prop.name, dtype, "failed", prop.formula,
+                                    message=f"{exc}; the run was stopped here")
+                    self.stopped = f"the target hung in {prop.name} ({dtype})"
+                self.results.append(result)
+                on_result(result)
+                if self.stopped:
+                    return self.results
+        return self.results
+
+    @property
+    def verdict(self) -> str:
+        statuses = {r.status for r in self.results}
+        if "error" in statuses:
+            return "error"
+        return "failed" if "failed" in statuses else "passed"
+
+
+def resolve_dtypes(requested, target: Target) -> tuple[list[str], bool]:
+    """Requested dtypes (comma-separated or repeated), or the target's; and whether explicit."""
+    names = [n for item in requested or () for n in str(item).split(",") if n.strip()]
+    if names:
+        return list(dict.fromkeys(canonical(n.strip()) for n in names)), True
+    return list(target.dtypes), False
+
+
+def default_seed() -> int:
+    return int(np.random.default_rng().integers(0, 2**31))
