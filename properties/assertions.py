@@ -35,7 +35,8 @@ def _where(index, axes, positions) -> str:
 def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXES_4D) -> float:
     """|actual - expected| <= bound elementwise; returns max(|actual - expected| / bound)."""
     __tracebackhide__ = True
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    actual = np.asarray(actual, np.float64)
+    expected = np.broadcast_to(np.asarray(expected, np.float64), actual.shape)
     bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
     diff = np.abs(actual - expected)
     ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)

@@ -25,7 +25,7 @@ EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE):
-    console.print(f"[bold red]ropecheck:[/] {message}", highlight=False)
+    console.print(f"[bold red]ropecheck:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

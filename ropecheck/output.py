@@ -66,11 +66,11 @@ def print_failures(console: Console, session) -> None:
         if r.status not in ("failed", "error"):
             continue
         console.print(f"\n[bold red]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): {r.formula}")
-        console.print(f"  {r.message}", markup=False, highlight=False)
+        console.print(f"  {r.message}", markup=False, highlight=False, soft_wrap=True)
         if r.counterexample:
-            console.print(f"  minimal counterexample: {r.counterexample}", markup=False, highlight=False)
+            console.print(f"  minimal counterexample: {r.counterexample}", markup=False, highlight=False, soft_wrap=True)
         if r.reproduce:
-            console.print(f"  reproduce: {r.reproduce}", markup=False, highlight=False)
+            console.print(f"  reproduce: {r.reproduce}", markup=False, highlight=False, soft_wrap=True)
 
 
 def session_dict(session) -> dict:

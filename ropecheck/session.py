@@ -57,20 +57,30 @@ class TargetSpec:
                             inplace=self.inplace or target.inplace)
 
 
+SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
+SMOKE_HEAD_DIMS = (8, 64, 128)
+
+
 def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
-    """Call the target once on a small ordinary input. Returns None when it returns a tensor
-    (right or wrong: the checks judge that), or the reason it cannot be called."""
-    head_dim = target.rotary_dim or 8
-    x = torch.randn(1, 4, 2, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
-    positions = torch.arange(4, dtype=torch.int64)[None, :]
-    try:
-        Caller(target, timeout)(x, positions)
-    except CallError as exc:
-        if exc.kind == "raised":
-            return f"calling it on x {tuple(x.shape)} {dtype}, positions [0, 1, 2, 3]: {exc}"
-    except TargetHung as exc:
-        return f"calling it on x {tuple(x.shape)} {dtype}, positions [0, 1, 2, 3]: {exc}"
-    return None
+    """Call the target on a few small ordinary inputs. Returns None as soon as one call
+    returns a tensor (right or wrong: the checks judge that), else why none could."""
+    problems = []
+    head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
+    for head_dim in head_dims:
+        for batch, seq, heads in SMOKE_SHAPES:
+            x = torch.randn(batch, seq, heads, head_dim,
+                            generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
+            try:
+                Caller(target, timeout)(x, positions)
+                return None
+            except CallError as exc:
+                if exc.kind != "raised":
+                    return None
+                problems.append(f"on x {tuple(x.shape)} {dtype}: {exc}")
+            except TargetHung as exc:
+                return f"on x {tuple(x.shape)} {dtype}: {exc}"
+    return problems[0] + (f" (and on {len(problems) - 1} other small inputs)" if len(problems) > 1 else "")
 
 
 @dataclass
