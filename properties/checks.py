@@ -295,9 +295,14 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
     pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
     pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]
     stepwise = np.concatenate(pieces, axis=1)
-    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
-    repeat = assert_close(_norms(again - first), 0.0, bound, positions=p, axes=AXES_3D,
+    norms = _norms(as_float64(x))
+    # The same call repeated: the angles are computed the same way, only arithmetic may
+    # differ (thread scheduling, vectorised vs scalar tails). A split may take another
+    # path (a decode kernel), so it gets the full allowance.
+    repeat = assert_close(_norms(again - first), 0.0, 2 * _ops(ctx) * norms + ctx.model.floor,
+                          positions=p, axes=AXES_3D,
                           what=f"f(x, m) changed after a call on {other.describe()}")
+    bound = 2 * _eps(ctx, p) * norms + ctx.model.floor
     split_error = assert_close(_norms(stepwise - first), 0.0, bound, positions=p, axes=AXES_3D,
                                what=f"prefill of {split} tokens then one-token decode calls "
                                     "against one call")

@@ -19,7 +19,7 @@ from reference import LAYOUTS
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.output import print_failures, results_table, write_json, write_junit
-from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, resolve_dtypes, smoke_call
+from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, resolve_dtypes, warm_up
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -97,8 +97,9 @@ def check(target, layout, base, rotary_dim, dtypes, no_backward, inplace, profil
         console.print(f"Convention: {built.convention.flags()}")
 
     usable = []
+    problems = warm_up(built, dtype_list, timeout)
     for dtype in dtype_list:
-        problem = smoke_call(built, dtype, timeout)
+        problem = problems[dtype]
         if problem is None:
             usable.append(dtype)
         elif explicit:

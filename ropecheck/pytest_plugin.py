@@ -10,7 +10,7 @@ import pytest
 
 from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from ropecheck.calling import DEFAULT_TIMEOUT
-from ropecheck.session import TargetSpec, UnusableTarget, resolve_dtypes, smoke_call
+from ropecheck.session import TargetSpec, UnusableTarget, resolve_dtypes, warm_up
 
 
 def pytest_addoption(parser):
@@ -64,15 +64,17 @@ def rope_options(request) -> RunOptions:
                       timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"))
 
 
-_callable_cache: dict = {}
+@pytest.fixture(scope="session")
+def rope_warm_up(request, rope_target, rope_options) -> dict:
+    """Smoke calls in every dtype, lowest precision first, once per session."""
+    dtypes, _ = resolve_dtypes(request.config.getoption("--rope-dtype"), rope_target)
+    return warm_up(rope_target, dtypes, rope_options.timeout)
 
 
 @pytest.fixture
-def rope_callable(rope_target, rope_dtype, rope_options):
-    """Skips every check of a dtype in which the target cannot be called at all."""
-    key = rope_dtype
-    if key not in _callable_cache:
-        _callable_cache[key] = smoke_call(rope_target, rope_dtype, rope_options.timeout)
-    if _callable_cache[key] is not None:
-        pytest.fail(f"target cannot be called: {_callable_cache[key]}", pytrace=False)
+def rope_callable(rope_target, rope_dtype, rope_warm_up):
+    """The target, once it has been shown callable in this dtype."""
+    problem = rope_warm_up.get(rope_dtype)
+    if problem is not None:
+        pytest.fail(f"target cannot be called: {problem}", pytrace=False)
     return rope_target

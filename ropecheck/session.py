@@ -83,6 +83,26 @@ def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional
     return problems[0] + (f" (and on {len(problems) - 1} other small inputs)" if len(problems) > 1 else "")
 
 
+WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
+
+
+def warm_up(target: Target, extra_dtypes=(), timeout: Optional[float] = None) -> dict:
+    """Smoke-call the target in every dtype it declares (and ``extra_dtypes``), lowest
+    precision first, before any check: a target that keeps state from its first call (a
+    cos/sin cache built in that call's dtype, say) is then checked in the state a real
+    multi-dtype process sees. Returns {dtype: why it cannot be called, or None}; after a
+    call hangs, the remaining dtypes are not tried."""
+    order = [d for d in WARM_UP_ORDER if d in target.dtypes or d in extra_dtypes]
+    problems: dict = {}
+    for dtype in order:
+        problems[dtype] = smoke_call(target, dtype, timeout)
+        if problems[dtype] and "did not return" in problems[dtype]:
+            for rest in order[len(problems):]:
+                problems[rest] = problems[dtype]
+            break
+    return problems
+
+
 @dataclass
 class Session:
     target: Target
