@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, example, given, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 from hypothesis import strategies as st
 
 from properties.accuracy import accuracy_sweep
 from properties.assertions import CheckFailure
 from properties.checks import PROPERTIES, Context, Property
 from properties.strategies import critical_cases
-from ropecheck.calling import CallError
+from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {
     # derandomized, bounded: the same verdict on every run
@@ -89,11 +89,13 @@ def _first_failure(exc: BaseException) -> BaseException:
     return exc
 
 
-def _reproduce_line(exc: BaseException, options: RunOptions, spec: str) -> str:
+def _reproduce_line(exc: BaseException, command: str) -> str:
+    """Our command line, and hypothesis' @reproduce_failure blob when it printed one."""
     for note in getattr(exc, "__notes__", []):
         if "@reproduce_failure" in note:
-            return note.strip()
-    return spec
+            blob = note[note.index("@reproduce_failure"):].split(" as a decorator")[0]
+            return f"{command}  (in Python: {blob})"
+    return command
 
 
 def run_property(prop: Property, target, dtype: str, options: RunOptions | None = None,
@@ -106,50 +108,66 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status, result.message = "skipped", why
         return result
     ctx = Context(target, dtype, options.timeout)
-    seen = {"last": None, "max": 0.0, "count": 0}
+    seen = {"failing": None, "max": 0.0, "count": 0}
 
     @st.composite
     def inputs(draw):
         case = draw(prop.case_strategy(ctx))
         return case, draw(prop.extras(ctx, case))
 
-    def test(drawn):
+    def attempt(drawn):
         case, extras = drawn
-        seen["last"] = drawn
         seen["count"] += 1
-        error = prop.check(ctx, case, **extras)
+        try:
+            error = prop.check(ctx, case, **extras)
+        except TargetHung as hung:
+            hung.case = _describe(case, extras)
+            raise
+        except Exception:
+            seen["failing"] = drawn  # hypothesis replays the minimal example last
+            raise
         seen["max"] = max(seen["max"], float(error))
 
-    test = given(inputs())(test)
-    for case, extras in reversed(_examples(prop, ctx)):
-        test = example((case, extras))(test)
-    test = options.settings()(test)
+    test = options.settings()(given(inputs())(attempt))
     if options.seed is not None:
         test = hypothesis_seed(options.seed)(test)
 
     start = time.perf_counter()
     try:
-        test()
-    except (AssertionError, CallError, Exception) as raised:
+        test()  # generated examples, shrunk to a minimal counterexample on failure
+        for drawn in _examples(prop, ctx):  # then the fixed critical inputs
+            attempt(drawn)
+    except Exception as raised:
         exc = _first_failure(raised)
-        result.status = "failed" if isinstance(exc, (CheckFailure, CallError)) else "error"
-        result.message = (str(exc) if result.status == "failed"
-                          else f"internal error {type(exc).__name__}: {exc}")
+        known = isinstance(exc, (CheckFailure, CallError))
+        result.status = "failed" if known else "error"
+        result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
         result.max_error = getattr(exc, "error", None)
-        if seen["last"] is not None:
-            case, extras = seen["last"]
-            shown = {k: (v.describe() if hasattr(v, "describe") else
-                         np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
-                     for k, v in extras.items()}
-            result.counterexample = case.describe() + (f"; {shown}" if shown else "")
-        result.reproduce = _reproduce_line(raised, options, reproduce_hint)
+        if seen["failing"] is not None:
+            result.counterexample = _describe(*seen["failing"])
+        result.reproduce = _reproduce_line(raised, reproduce_hint)
     else:
         result.max_error = seen["max"]
     result.examples = seen["count"]
     if prop.name == "reference":
         result.accuracy = accuracy_sweep(ctx)
+        worst = result.accuracy.get("max_error", 0.0)
+        if result.status == "passed" and worst > 1.0:
+            at = result.accuracy["positions"][int(np.argmax(result.accuracy["error"]))]
+            result.status, result.max_error = "failed", worst
+            result.message = (f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
+                              f"(x of shape (1, {len(result.accuracy['positions'])}, "
+                              f"4, {ctx.target.rotary_dim or 32}), one position per token)")
+            result.reproduce = reproduce_hint
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _describe(case, extras) -> str:
+    shown = {k: (v.describe() if hasattr(v, "describe") else
+                 np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
+             for k, v in extras.items()}
+    return case.describe() + (f"; {shown}" if shown else "")
 
 
 def selected_properties(names=None) -> list[Property]:

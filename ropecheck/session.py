@@ -121,7 +121,8 @@ class Session:
                                           reproduce_hint=f"{self.reproduce} --property {prop.name}")
                 except TargetHung as exc:
                     result = Result(prop.name, dtype, "failed", prop.formula,
-                                    message=f"{exc}; the run was stopped here")
+                                    message=f"{exc}; the run was stopped here",
+                                    counterexample=getattr(exc, "case", ""))
                     self.stopped = f"the target hung in {prop.name} ({dtype})"
                 self.results.append(result)
                 on_result(result)
