@@ -19,7 +19,7 @@ from reference import LAYOUTS
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.output import print_failures, results_table, write_json, write_junit
-from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, resolve_dtypes, warm_up
+from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -29,7 +29,7 @@ def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE):
     sys.exit(code)
 
 
-def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed) -> str:
+def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, extra=()) -> str:
     words = ["ropecheck", "check"] + ([argv_target] if argv_target else [])
     if spec.layout:
         words += ["--layout", spec.layout]
@@ -46,7 +46,7 @@ def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed) -> 
     words += ["--profile", profile]
     if seed is not None:
         words += ["--seed", str(seed)]
-    return shlex.join(words)
+    return shlex.join(words + list(extra))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,11 +108,14 @@ def check(target, layout, base, rotary_dim, dtypes, no_backward, inplace, profil
             console.print(f"[yellow]skipping {dtype}: {problem}[/]")
     if not usable:
         _fail(console, f"target {spec.name!r} cannot be called in any dtype")
+    built = callable_in(built, problems)
 
     seed = seed if seed is not None or profile == "ci" else default_seed()
+    extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
+        ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else [])
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples)
     session = Session(built, usable, properties, options,
-                      reproduce=_reproduce_command(target, spec, usable, profile, seed))
+                      reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized"))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

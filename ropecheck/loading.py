@@ -6,10 +6,10 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import traceback
 from pathlib import Path
 
 from ropecheck.builtins import BUILTINS, builtin
+from ropecheck.calling import describe_exception
 from ropecheck.target import Target
 
 
@@ -45,12 +45,10 @@ def _import_module(name: str):
 
 
 def _describe(exc: BaseException) -> str:
-    """The exception and the innermost frame of the target's own code."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    """The exception and where it happened (for a SyntaxError: the offending line)."""
     if isinstance(exc, SyntaxError):
-        where = f" (at {exc.filename}:{exc.lineno})"
-    return f"{type(exc).__name__}: {exc}{where}"
+        return f"{type(exc).__name__}: {exc.msg} (at {exc.filename}:{exc.lineno})"
+    return describe_exception(exc)
 
 
 def check_signature(fn) -> None:

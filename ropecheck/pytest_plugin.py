@@ -6,11 +6,14 @@ xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from ropecheck.calling import DEFAULT_TIMEOUT
-from ropecheck.session import TargetSpec, UnusableTarget, resolve_dtypes, warm_up
+from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
+                               resolve_dtypes, warm_up)
 
 
 def pytest_addoption(parser):
@@ -45,8 +48,35 @@ def pytest_generate_tests(metafunc):
         target = _spec(config).build()
         dtypes, _ = resolve_dtypes(config.getoption("--rope-dtype"), target)
     except (UnusableTarget, ValueError) as exc:
-        raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
+        pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     metafunc.parametrize("rope_dtype", dtypes)
+
+
+def pytest_configure(config):
+    """Fail fast, as a usage error, on a target that cannot be loaded; and pick a random
+    seed unless one is given (ci is derandomized), so every run can be replayed."""
+    if config.getoption("--rope-target"):
+        try:
+            _spec(config).build()
+        except UnusableTarget as exc:
+            raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
+    if config.getoption("--rope-seed") is None and config.getoption("--rope-profile") != "ci":
+        config.option.rope_seed = default_seed()
+
+
+def pytest_report_header(config):
+    if config.getoption("--rope-target") or config.getoption("--rope-seed") is not None:
+        return [f"ropecheck: target {_spec(config).name}, profile {config.getoption('--rope-profile')}, "
+                f"seed {config.getoption('--rope-seed')}"]
+    return []
+
+
+def reproduce_hint(config, name: str, dtype: str) -> str:
+    """The invocation that replays one check: this run's arguments, its seed, and -k."""
+    args = [a for a in config.invocation_params.args if not a.startswith("--rope-seed")]
+    seed = config.getoption("--rope-seed")
+    return shlex.join(["pytest", *args] + ([f"--rope-seed={seed}"] if seed is not None else [])
+                      + ["-k", f"{name} and {dtype}"])
 
 
 @pytest.fixture(scope="session")
@@ -77,4 +107,4 @@ def rope_callable(rope_target, rope_dtype, rope_warm_up):
     problem = rope_warm_up.get(rope_dtype)
     if problem is not None:
         pytest.fail(f"target cannot be called: {problem}", pytrace=False)
-    return rope_target
+    return callable_in(rope_target, rope_warm_up)

@@ -86,21 +86,29 @@ def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
 
 
-def warm_up(target: Target, extra_dtypes=(), timeout: Optional[float] = None) -> dict:
-    """Smoke-call the target in every dtype it declares (and ``extra_dtypes``), lowest
-    precision first, before any check: a target that keeps state from its first call (a
-    cos/sin cache built in that call's dtype, say) is then checked in the state a real
-    multi-dtype process sees. Returns {dtype: why it cannot be called, or None}; after a
-    call hangs, the remaining dtypes are not tried."""
-    order = [d for d in WARM_UP_ORDER if d in target.dtypes or d in extra_dtypes]
+def warm_up(target: Target, requested=(), timeout: Optional[float] = None) -> dict:
+    """Smoke-call the target in every dtype it declares, lowest precision first, then in
+    the ``requested`` dtypes, before any check: a target that keeps state from its first
+    call (a cos/sin cache built in that call's dtype, say) is then checked in the state a
+    real multi-dtype process sees. Returns {dtype: why it cannot be called, or None}.
+    A hang costs a whole time limit, so after one the other unrequested dtypes are not
+    tried, and after a hang in a requested dtype nothing more is."""
+    others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
     problems: dict = {}
-    for dtype in order:
-        problems[dtype] = smoke_call(target, dtype, timeout)
-        if problems[dtype] and "did not return" in problems[dtype]:
-            for rest in order[len(problems):]:
-                problems[rest] = problems[dtype]
-            break
+    for group in (others, [d for d in WARM_UP_ORDER if d in requested]):
+        for dtype in group:
+            problems[dtype] = smoke_call(target, dtype, timeout)
+            if problems[dtype] and "did not return" in problems[dtype]:
+                for rest in group[group.index(dtype) + 1:]:
+                    problems[rest] = problems[dtype]
+                break
     return problems
+
+
+def callable_in(target: Target, problems: dict) -> Target:
+    """The target restricted to the dtypes it could be called in (the distractor calls of
+    the statelessness check draw from these)."""
+    return target.with_(dtypes=tuple(d for d in target.dtypes if problems.get(d) is None))
 
 
 @dataclass
