@@ -171,11 +171,13 @@ def _example_shift(ctx, case):
     return {"shift": 7 if high >= 7 else low}
 
 
-def _scores_under_shift(ctx: Context, case: Case, shift: int):
+def _scores_under_shift(ctx: Context, case: Case, shift: int, unit_scale: bool = False):
     """S[b, h, i, j] = <f(q, m_i), f(k, n_j)> at positions P and P + shift, and the bound
-    on |S - S'| from the four calls' error bounds."""
+    on |S - S'| from the four calls' error bounds. ``unit_scale`` draws q and k with unit
+    variance whatever the case's scale (attention logits of order one)."""
     p = case.positions_array()
-    q, k = case.tensor(0), case.tensor(1)
+    norm = case.scale if unit_scale else 1.0
+    q, k = (case.tensor(values=case.values(salt) / norm) for salt in (0, 1))
     scores = []
     for grid in (p, p + shift):
         fq, fk = _f(ctx, q, grid), _f(ctx, k, grid)
@@ -201,7 +203,7 @@ def relativity(ctx: Context, case: Case, shift: int) -> float:
           formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
           extras=_shift_extra, example_extras=_example_shift, case_options={"min_seq": 2})
 def translation(ctx: Context, case: Case, shift: int) -> float:
-    s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
+    s0, s1, bound, p = _scores_under_shift(ctx, case, shift, unit_scale=True)
     scale = 1.0 / math.sqrt(case.head_dim)
 
     def softmax(s):
