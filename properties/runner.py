@@ -4,7 +4,7 @@ against a target for one dtype under a hypothesis profile, and say what happened
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
@@ -50,7 +50,6 @@ class RunOptions:
     seed: Optional[int] = None
     timeout: Optional[float] = 20.0
     max_examples: Optional[int] = None
-    extra: dict = field(default_factory=dict)
 
     def settings(self) -> settings:
         chosen = dict(PROFILES[self.profile])
@@ -84,7 +83,7 @@ def _examples(prop: Property, ctx: Context) -> list:
 
 def _first_failure(exc: BaseException) -> BaseException:
     """Hypothesis reports several distinct failures as an ExceptionGroup: take the first."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+    while getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
         exc = exc.exceptions[0]
     return exc
 

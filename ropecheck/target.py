@@ -8,7 +8,7 @@ capabilities (what may be asked of it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -64,7 +64,6 @@ class Target:
     inplace: bool = False
     rotary_dim: Optional[int] = None
     description: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         if self.convention is not None and self.convention.rotary_dim is not None:
