@@ -432,3 +432,29 @@ def test_list_names_the_builtins():
     assert result.exit_code == 0, result.output
     for name in ("rotate-half", "llama-complex", "matrix", "cached"):
         assert name in result.output
+
+
+# --- other ways to name a target -----------------------------------------------------
+
+def test_module_attribute_targets():
+    assert check("tests.mutants:rope", "--layout", "half", *FP32, *FAST).exit_code == 0
+    failed = check("tests.mutants:sign_flipped", "--layout", "half", *FP32, *FAST)
+    assert failed.exit_code == 1 and "reference" in failed.output
+
+
+def test_module_that_cannot_be_imported():
+    result = check("no_such_package.kernels:rope", *FP32, *FAST)
+    assert result.exit_code == 2
+    assert "ModuleNotFoundError" in result.output
+
+
+def test_target_object_declares_its_own_convention(tmp_path):
+    path = tmp_path / "declared.py"
+    path.write_text(CORRECT + textwrap.dedent('''
+        from ropecheck.target import Convention, Target
+        rope = Target("declared", correct_rope, Convention("half", 10000.0), backward=False)
+    '''))
+    result = check(f"{path}:rope", *FP32, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "Convention: --layout half" in result.output
+    assert re.search(r"backward\s.*skip", result.output), result.output
