@@ -1,7 +1,7 @@
 """Accuracy against position: the error profile and the accuracy horizon.
 
-One call at positions 0, 1, 2, 3, 2^k and 3 * 2^(k-1) up to 2^24 (a head size of 32, or
-the declared rotary dimension). For each position: the largest error in units of the
+One call at positions 0, 1, 2, 3, 2^k and 3 * 2^(k-1) up to 2^24 (the smallest head size
+drawn, or the declared rotary dimension: the horizon is set by the theta_0 = 1 pair). For each position: the largest error in units of the
 full tolerance model and in units of the *strict* bound (arithmetic only, no float32
 angle allowance). The horizon is the largest position up to which every probed position
 meets the strict bound: how far the target keeps the accuracy of exact angles.
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from properties.cases import Case, as_float64
-from properties.strategies import MAX_POSITION, max_position_for
+from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
 from ropecheck.calling import CallError
 
 SWEEP_HEADS = 4
@@ -28,7 +28,7 @@ def sweep_positions(limit: int = MAX_POSITION) -> np.ndarray:
 
 def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
-    head_dim = ctx.target.rotary_dim or 32
+    head_dim = ctx.target.rotary_dim or FREE_HEAD_DIMS[0]
     positions = sweep_positions(max_position_for(head_dim))[None, :]
     case = Case(ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim,
                 tuple(map(tuple, positions.tolist())), seed=12345)

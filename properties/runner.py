@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from properties.accuracy import accuracy_sweep
 from properties.assertions import CheckFailure
 from properties.checks import PROPERTIES, Context, Property
-from properties.strategies import critical_cases
+from properties.strategies import FREE_HEAD_DIMS, critical_cases
 from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {
@@ -156,7 +156,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
             result.status, result.max_error = "failed", worst
             result.message = (f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
                               f"(x of shape (1, {len(result.accuracy['positions'])}, "
-                              f"4, {ctx.target.rotary_dim or 32}), one position per token)")
+                              f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)")
             result.reproduce = reproduce_hint
     result.seconds = time.perf_counter() - start
     return result

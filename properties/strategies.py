@@ -25,7 +25,12 @@ LIMITS = (255, 256, 257, 2047, 2048, 2049, 32767, 32768, 65504, 65505, 65535, 65
 BOUNDARIES = tuple(sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1)
                            if v <= MAX_POSITION} | set(LIMITS)))
 
-FREE_HEAD_DIMS = (8, 2, 4, 6, 10, 14, 16, 24, 32, 48, 64, 80, 96, 128, 160, 256)
+# Three head sizes per run: a small one (minimal counterexamples; >= 4 so the layouts
+# differ), one that is not a multiple of 64 (special paths), and the common 128. Few
+# distinct sizes keep targets that build a cos/sin table per head size from rebuilding
+# it on every call; the sizes are the same in every run, so verdicts do not depend on
+# the seed.
+FREE_HEAD_DIMS = (8, 80, 128)
 
 
 def max_position_for(head_dim: int) -> int:
@@ -33,12 +38,11 @@ def max_position_for(head_dim: int) -> int:
 
 
 def head_dims(rotary_dim: int | None = None) -> st.SearchStrategy[int]:
-    """Even head sizes of every kind when the whole head rotates; with a partial rotary
-    dimension r, head sizes r .. r + 32, odd ones included."""
+    """FREE_HEAD_DIMS when the whole head rotates; with a partial rotary dimension r,
+    head sizes r, r + 1 (odd) and r + 32."""
     if rotary_dim is None:
         return st.sampled_from(FREE_HEAD_DIMS)
-    return st.sampled_from((rotary_dim, rotary_dim + 1, rotary_dim + 2, rotary_dim + 7,
-                            rotary_dim + 32))
+    return st.sampled_from((rotary_dim, rotary_dim + 1, rotary_dim + 32))
 
 
 def offsets(limit: int) -> st.SearchStrategy[int]:
@@ -93,9 +97,9 @@ def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
     every boundary position up to 2^24 on an odd / non-power-of-two head size, per-row
     offsets on a padded view."""
     r = rotary_dim
-    small = 8 if r is None else r
-    odd = 80 if r is None else r + 1
-    mid = 96 if r is None else r + 2
+    small = FREE_HEAD_DIMS[0] if r is None else r
+    odd = FREE_HEAD_DIMS[1] if r is None else r + 1
+    mid = FREE_HEAD_DIMS[2] if r is None else r + 32
     boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504,
                 65505, 2**20 + 1, 2**24]
     limit_odd = max_position_for(odd)

@@ -263,7 +263,7 @@ def test_counterexample_is_the_failing_input(tmp_path):
     assert "position=4097" in result.output  # the failing input: batch 2, seq 1
     counterexample = next(line for line in result.output.splitlines()
                           if "minimal counterexample:" in line)
-    assert "shape (2, 1, 2, 96)" in counterexample, counterexample
+    assert "shape (2, 1, 2, 128)" in counterexample, counterexample
 
 
 # Regression: a failure found by generation is reproduced by the ropecheck command with
