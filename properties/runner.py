@@ -26,6 +26,15 @@ PROFILES = {
 DEFAULT_PROFILE = "dev"
 
 
+# Seconds a property may spend shrinking a counterexample once it has one: bounds the time
+# of a failing verdict for a slow target.
+SHRINK_BUDGET = 15.0
+
+
+class _ShrinkBudgetSpent(BaseException):
+    """Ends hypothesis' shrinking (a BaseException: hypothesis does not catch it)."""
+
+
 @dataclass
 class Result:
     property: str
@@ -107,7 +116,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status, result.message = "skipped", why
         return result
     ctx = Context(target, dtype, options.timeout)
-    seen = {"failing": None, "max": 0.0, "count": 0}
+    seen = {"failing": None, "error": None, "since": None, "max": 0.0, "count": 0}
 
     @st.composite
     def inputs(draw):
@@ -115,6 +124,8 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         return case, draw(prop.extras(ctx, case))
 
     def attempt(drawn):
+        if seen["since"] is not None and time.perf_counter() - seen["since"] > SHRINK_BUDGET:
+            raise _ShrinkBudgetSpent()
         case, extras = drawn
         seen["count"] += 1
         try:
@@ -122,8 +133,11 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         except TargetHung as hung:
             hung.case = _describe(case, extras)
             raise
-        except Exception:
-            seen["failing"] = drawn  # hypothesis replays the minimal example last
+        except Exception as failure:
+            # each failing example hypothesis tries is smaller than the last: the latest is
+            # the smallest so far, and the minimal one is replayed last
+            seen["failing"], seen["error"] = drawn, failure
+            seen["since"] = seen["since"] or time.perf_counter()
             raise
         seen["max"] = max(seen["max"], float(error))
 
@@ -136,14 +150,17 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         test()  # generated examples, shrunk to a minimal counterexample on failure
         for drawn in _examples(prop, ctx):  # then the fixed critical inputs
             attempt(drawn)
-    except Exception as raised:
-        exc = _first_failure(raised)
+    except (Exception, _ShrinkBudgetSpent) as raised:
+        budget_spent = isinstance(raised, _ShrinkBudgetSpent)
+        exc = seen["error"] if budget_spent else _first_failure(raised)
         known = isinstance(exc, (CheckFailure, CallError))
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
         result.max_error = getattr(exc, "error", None)
         if seen["failing"] is not None:
-            result.counterexample = _describe(*seen["failing"])
+            result.counterexample = _describe(*seen["failing"]) + (
+                f" (shrinking stopped after {SHRINK_BUDGET:g} s: the smallest found, "
+                "perhaps not minimal)" if budget_spent else "")
         result.reproduce = _reproduce_line(raised, reproduce_hint)
     else:
         result.max_error = seen["max"]

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"passed": "[green]pass[/]", "failed": "[bold red]FAIL[/]",
@@ -31,7 +32,10 @@ def environment() -> dict:
 def _cell(result) -> str:
     text = STATUS_STYLE[result.status]
     if result.max_error is not None and result.status in ("passed", "failed"):
-        text += f" {result.max_error:.2g}"
+        shown = f"{result.max_error:.2g}"
+        if result.status == "failed" and float(shown) <= 1.0:
+            shown = ">1"  # a failure just past the bound must not read as 1
+        text += f" {shown}"
     return text
 
 
@@ -65,7 +69,8 @@ def print_failures(console: Console, session) -> None:
     for r in session.results:
         if r.status not in ("failed", "error"):
             continue
-        console.print(f"\n[bold red]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): {r.formula}")
+        console.print(f"\n[bold red]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): "
+                      f"{escape(r.formula)}", soft_wrap=True)
         console.print(f"  {r.message}", markup=False, highlight=False, soft_wrap=True)
         if r.counterexample:
             console.print(f"  minimal counterexample: {r.counterexample}", markup=False, highlight=False, soft_wrap=True)

@@ -66,3 +66,14 @@ def test_partial_rotary_on_the_wrong_slice_fails():
     result = run_property(PROPERTIES["reference"], target, "float32", OPTIONS)
     assert result.status == "failed"
     del torch
+
+
+def test_shrinking_stops_at_its_budget(monkeypatch):
+    """A slow target's failing verdict is bounded: past the budget the smallest failing
+    example found so far is reported, and said to be perhaps not minimal."""
+    import properties.runner as runner
+    monkeypatch.setattr(runner, "SHRINK_BUDGET", 0.0)
+    result = run_property(PROPERTIES["reference"], mutant_target("sign-flipped"), "float32", OPTIONS)
+    assert result.status == "failed"
+    assert "shrinking stopped" in result.counterexample
+    assert result.max_error > 1.0 and "outside the bound" in result.message
