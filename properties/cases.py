@@ -90,5 +90,6 @@ def _short(row: np.ndarray, limit: int = 10) -> str:
 
 
 def as_float64(t: torch.Tensor) -> np.ndarray:
-    """A tensor's exact values in float64 numpy."""
-    return t.detach().to(torch.float64).cpu().numpy()
+    """A snapshot of a tensor's exact values in float64 numpy (a copy, never a view: a
+    target may later overwrite the tensor it returned)."""
+    return t.detach().cpu().to(torch.float64).numpy().copy()

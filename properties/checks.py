@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import Case, as_float64
 from properties.strategies import MAX_POSITION, cases, critical_cases, position_grids
-from ropecheck.calling import Caller
+from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
 
@@ -286,13 +286,23 @@ def _example_distractor(ctx, case):
 
 
 @register(name="statelessness",
-          formula="f(x, m) is the same before and after other calls, and a prefill of "
-                  "tokens [0, s) then one decode call per later token equals one call",
+          formula="f(x, m) is the same before and after other calls, which leave the "
+                  "tensors it returned untouched; a prefill of tokens [0, s) then one "
+                  "decode call per later token equals one call",
           extras=_distractor, example_extras=_example_distractor)
 def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
     p, x = case.positions_array(), case.tensor()
-    first = _f(ctx, x, p)
-    ctx.rope(other.tensor(), other.positions_tensor())
+    returned = ctx.rope(x, torch.from_numpy(p))
+    first = as_float64(returned)  # a snapshot
+    ctx.rope(case.tensor(5), torch.from_numpy(p))  # same shape, other values
+    if not np.array_equal(as_float64(returned), first):
+        raise CheckFailure("the tensor returned by a call changed when the target was called "
+                           "again on an input of the same shape: it is a view of the target's "
+                           "internal buffer")
+    try:  # the other call only changes the target's state; its own result is not judged here
+        ctx.rope(other.tensor(), other.positions_tensor())
+    except CallError:
+        pass
     again = _f(ctx, x, p)
     pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
     pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]

@@ -225,3 +225,20 @@ def mutant_target(name: str) -> Target:
     if isinstance(fn, type):  # stateful mutants get a fresh instance per test
         fn = fn()
     return Target(name=name, fn=fn, convention=HALF)
+
+
+class _ReturnsItsBuffer:
+    """Writes every result into one internal buffer and returns it: the next call
+    overwrites the previous result."""
+
+    def __init__(self):
+        self.buffer = None
+
+    def __call__(self, x, p):
+        y = rope(x, p)
+        if self.buffer is None or self.buffer.shape != y.shape or self.buffer.dtype != y.dtype:
+            self.buffer = torch.empty_like(y)
+        return self.buffer.copy_(y)
+
+
+MUTANTS["returns-its-buffer"] = (_ReturnsItsBuffer, {"statelessness"})
