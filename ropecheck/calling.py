@@ -22,8 +22,8 @@ class TargetHung(BaseException):
     """A call did not return within the time limit. A BaseException so that neither the
     target's own ``except Exception`` nor hypothesis' shrinking swallows it."""
 
-    def __init__(self, seconds: float):
-        super().__init__(f"the target did not return within {seconds:g} s")
+    def __init__(self, seconds: float, message: str = ""):
+        super().__init__(message or f"the target did not return within {seconds:g} s")
         self.seconds = seconds
 
 

@@ -63,7 +63,8 @@ SMOKE_HEAD_DIMS = (8, 64, 128)
 
 def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
     """Call the target on a few small ordinary inputs. Returns None as soon as one call
-    returns a tensor (right or wrong: the checks judge that), else why none could."""
+    returns a tensor (right or wrong: the checks judge that), else why none could.
+    A call that hangs raises TargetHung, with the input it hung on in its message."""
     problems = []
     head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
     for head_dim in head_dims:
@@ -79,7 +80,7 @@ def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional
                     return None
                 problems.append(f"on x {tuple(x.shape)} {dtype}: {exc}")
             except TargetHung as exc:
-                return f"on x {tuple(x.shape)} {dtype}: {exc}"
+                raise TargetHung(exc.seconds, f"on x {tuple(x.shape)} {dtype}: {exc}") from None
     return problems[0] + (f" (and on {len(problems) - 1} other small inputs)" if len(problems) > 1 else "")
 
 
@@ -96,11 +97,12 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None) -> di
     others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
     problems: dict = {}
     for group in (others, [d for d in WARM_UP_ORDER if d in requested]):
-        for dtype in group:
-            problems[dtype] = smoke_call(target, dtype, timeout)
-            if problems[dtype] and "did not return" in problems[dtype]:
-                for rest in group[group.index(dtype) + 1:]:
-                    problems[rest] = problems[dtype]
+        for position, dtype in enumerate(group):
+            try:
+                problems[dtype] = smoke_call(target, dtype, timeout)
+            except TargetHung as hung:
+                for rest in group[position:]:
+                    problems[rest] = str(hung)
                 break
     return problems
 
