@@ -83,7 +83,7 @@ def _norms(v: np.ndarray) -> np.ndarray:
 
 def _eps(ctx: Context, positions: np.ndarray) -> np.ndarray:
     """Allowed error of f(., positions) per unit of head-vector norm, shape (b, s, 1)."""
-    return math.sqrt(2.0) * ctx.model.relative_bound(ctx.model.angle_error(positions))[..., None]
+    return ctx.model.vector_unit_bound(positions)
 
 
 def _ops(ctx: Context) -> float:

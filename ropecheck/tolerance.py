@@ -95,14 +95,15 @@ class ErrorModel:
         """Allowed absolute error of each element of a rotated pair."""
         return pair_norms * self.relative_bound(angle_error, strict) + self.floor
 
+    def vector_unit_bound(self, positions) -> np.ndarray:
+        """Allowed error of a whole head vector per unit of its norm, shape
+        (*positions.shape, 1), without knowing the pairing: each pair's error vector is at
+        most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi)."""
+        return math.sqrt(2.0) * self.relative_bound(self.angle_error(positions))[..., None]
+
     def vector_bound(self, vector_norms, positions) -> np.ndarray:
-        """Allowed Euclidean norm of the error of a whole head vector at ``positions``,
-        without knowing the pairing: each pair's error vector is at most sqrt(2) times the
-        per-element bound, so the whole vector's is sqrt(2) |x| (K_OPS u + dphi)."""
-        dphi = self.angle_error(positions)
-        while np.ndim(dphi) < np.ndim(vector_norms):
-            dphi = dphi[..., None]
-        return math.sqrt(2.0) * vector_norms * self.relative_bound(dphi) + self.floor
+        """Allowed Euclidean norm of the error of head vectors (batch, seq, heads)."""
+        return vector_norms * self.vector_unit_bound(positions) + self.floor
 
     def norm_bound(self, vector_norms) -> np.ndarray:
         """Allowed change of a head vector's norm: rotations by a wrong angle keep norms,

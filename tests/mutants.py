@@ -17,6 +17,14 @@ def inv_freq(r: int, base: float = BASE, dtype=torch.float32) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, r, 2, dtype=dtype) / r))
 
 
+def rotate(x, cos, sin, sign=1.0):
+    """Half-layout rotation in float32 by per-frequency cos, sin (batch, seq, 1, r/2),
+    rounded once to x's dtype."""
+    cos, sin = torch.cat((cos, cos), -1).float(), torch.cat((sin, sin), -1).float()
+    xf = x.float()
+    return (xf * cos + sign * rotate_half(xf) * sin).to(x.dtype)
+
+
 def rope(x, positions, *, sign=1.0, angle_of=None, cos_dtype=None, sin_scale=1.0):
     """Correct half-layout RoPE (fp32 angles, fp32 math, one rounding at the end);
     the keyword arguments are the knobs mutants turn."""
@@ -25,10 +33,8 @@ def rope(x, positions, *, sign=1.0, angle_of=None, cos_dtype=None, sin_scale=1.0
            positions.to(torch.float32)[..., None] * inv_freq(r))[:, :, None, :]
     cos, sin = phi.cos(), phi.sin() * sin_scale
     if cos_dtype is not None:
-        cos, sin = cos.to(cos_dtype).float(), sin.to(cos_dtype).float()
-    cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-    xf = x.float()
-    return (xf * cos + sign * rotate_half(xf) * sin).to(x.dtype)
+        cos, sin = cos.to(cos_dtype), sin.to(cos_dtype)
+    return rotate(x, cos, sin, sign)
 
 
 def _angles_from(transform):
@@ -88,8 +94,7 @@ def taylor_sincos(x, p):
     phi = (p.float()[..., None] * inv_freq(r))[:, :, None, :].double()
     sin = phi - phi**3 / 6 + phi**5 / 120 - phi**7 / 5040 + phi**9 / 362880
     cos = 1 - phi**2 / 2 + phi**4 / 24 - phi**6 / 720 + phi**8 / 40320
-    cos, sin = torch.cat((cos, cos), -1).float(), torch.cat((sin, sin), -1).float()
-    return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+    return rotate(x, cos, sin)
 
 
 def additive_sinusoid(x, p):
@@ -123,9 +128,8 @@ class _FirstDtypeCache:
         if r not in self.cache:
             phi = torch.arange(70000, dtype=torch.float32)[:, None] * inv_freq(r)
             self.cache[r] = (phi.cos().to(x.dtype), phi.sin().to(x.dtype))
-        cos, sin = (t[p.clamp(max=69999)][:, :, None, :].float() for t in self.cache[r])
-        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+        cos, sin = (t[p.clamp(max=69999)][:, :, None, :] for t in self.cache[r])
+        return rotate(x, cos, sin)
 
 
 class _CacheRebuiltInCallerDtype:
@@ -140,9 +144,8 @@ class _CacheRebuiltInCallerDtype:
         if self.cos is None or self.cos.shape[-1] != r // 2 or self.cos.shape[0] <= int(p.max()):
             phi = torch.arange(int(p.max()) + 1, dtype=torch.float32)[:, None] * inv_freq(r)
             self.cos, self.sin = phi.cos().to(x.dtype), phi.sin().to(x.dtype)
-        cos, sin = (t[p][:, :, None, :].float() for t in (self.cos, self.sin))
-        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+        cos, sin = (t[p][:, :, None, :] for t in (self.cos, self.sin))
+        return rotate(x, cos, sin)
 
 
 def decode_path_wrong(x, p):
