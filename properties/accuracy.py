@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import reference
 from properties.cases import Case, as_float64
 from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
 from ropecheck.calling import CallError
@@ -26,6 +27,16 @@ def sweep_positions(limit: int = MAX_POSITION) -> np.ndarray:
     return np.array(sorted(p for p in points if p <= limit), dtype=np.int64)
 
 
+def _magnitudes(x64: np.ndarray, convention) -> np.ndarray:
+    """Per element, the magnitude its error is relative to: the norm of its rotated pair
+    (|x| for pass-through features); errors / this = relative error, what plots show."""
+    i, j = reference.pair_indices(convention.rotary_dim_for(x64.shape[-1]), convention.layout)
+    out = np.abs(x64).copy()
+    rho = np.hypot(x64[..., i], x64[..., j])
+    out[..., i], out[..., j] = rho, rho
+    return np.maximum(out, np.finfo(np.float64).tiny)
+
+
 def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
     head_dim = ctx.target.rotary_dim or FREE_HEAD_DIMS[0]
@@ -38,11 +49,12 @@ def accuracy_sweep(ctx) -> dict:
     except CallError as exc:
         return {"error": str(exc)}
     x64 = as_float64(x)
-    diff = np.abs(y - convention.apply(x64, positions))
+    diff = np.abs(ctx.unscale(y) - convention.apply(x64, positions))
     full = diff / ctx.model.element_bound(x64, positions, convention)
     strict = diff / ctx.model.element_bound(x64, positions, convention, strict=True)
     full_by_pos = full.max(axis=(0, 2, 3))
     strict_by_pos = strict.max(axis=(0, 2, 3))
+    relative_by_pos = (diff / _magnitudes(x64, convention)).max(axis=(0, 2, 3))
     failing = np.nonzero(strict_by_pos > 1.0)[0]
     if failing.size == 0:
         horizon = int(positions[0, -1])
@@ -54,6 +66,7 @@ def accuracy_sweep(ctx) -> dict:
         "positions": positions[0].tolist(),
         "error": [float(v) for v in full_by_pos],
         "strict_error": [float(v) for v in strict_by_pos],
+        "relative_error": [float(v) for v in relative_by_pos],
         "horizon": horizon,
         "max_error": float(full_by_pos.max()),
     }

@@ -36,11 +36,21 @@ class Context:
 
     def __post_init__(self):
         self.rope = Caller(self.target, self.timeout)
-        self.model = ErrorModel(self.dtype)
+        self.model = ErrorModel(self.dtype, extra_ops=0 if self.amplitude == 1.0 else 1)
 
     @property
     def convention(self):
         return self.target.convention
+
+    @property
+    def amplitude(self) -> float:
+        """A declared attention factor A (f = A R_m x on the rotated block), else 1."""
+        return 1.0 if self.convention is None else self.convention.amplitude
+
+    def unscale(self, y64: np.ndarray) -> np.ndarray:
+        """An output in float64 with the declared amplitude divided out: every check then
+        reads the rotation R_m x itself."""
+        return y64 if self.convention is None else self.convention.unscale(y64)
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,10 @@ class Property:
     example_extras: Callable = lambda ctx, case: {}  # extras for the critical cases
     needs_convention: bool = False
     needs_backward: bool = False
+    # compares calls made at different position sets, so it needs theta to be the same
+    # in every call: a dynamic scaling (theta from the call's largest position) breaks it
+    # by design
+    same_theta_across_calls: bool = False
     case_options: dict = field(default_factory=dict)
 
     def case_strategy(self, ctx: Context):
@@ -62,6 +76,9 @@ class Property:
             return False, "needs a declared convention (--layout)"
         if self.needs_backward and not target.backward:
             return False, "target declares no backward"
+        if self.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
+            return False, ("not promised: the declared dynamic scaling takes theta from each "
+                           "call's largest position")
         return True, ""
 
 
@@ -92,7 +109,13 @@ def _ops(ctx: Context) -> float:
 
 
 def _f(ctx: Context, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
-    return as_float64(ctx.rope(x, torch.from_numpy(np.ascontiguousarray(positions))))
+    """f(x, m) in float64, the declared amplitude divided out."""
+    return ctx.unscale(as_float64(ctx.rope(x, torch.from_numpy(np.ascontiguousarray(positions)))))
+
+
+def _vjp(ctx: Context, x: torch.Tensor, positions: np.ndarray, g: torch.Tensor) -> torch.Tensor:
+    """The target's own VJP at (x, m) applied to g (a tensor: it is fed back to f)."""
+    return ctx.rope.vjp(x, torch.from_numpy(np.ascontiguousarray(positions)), g)
 
 
 def _shift_range(positions: np.ndarray) -> tuple[int, int]:
@@ -192,7 +215,7 @@ def _scores_under_shift(ctx: Context, case: Case, shift: int, unit_scale: bool =
 
 @register(name="relativity",
           formula="<f(q, m), f(k, n)> = <f(q, m + c), f(k, n + c)>  (depends on n - m only)",
-          extras=_shift_extra, example_extras=_example_shift)
+          extras=_shift_extra, example_extras=_example_shift, same_theta_across_calls=True)
 def relativity(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
     return assert_close(s1, s0, bound, axes=("batch", "head", "query", "key"),
@@ -201,7 +224,8 @@ def relativity(ctx: Context, case: Case, shift: int) -> float:
 
 @register(name="translation",
           formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
-          extras=_shift_extra, example_extras=_example_shift, case_options={"min_seq": 2})
+          extras=_shift_extra, example_extras=_example_shift, case_options={"min_seq": 2},
+          same_theta_across_calls=True)
 def translation(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift, unit_scale=True)
     scale = 1.0 / math.sqrt(case.head_dim)
@@ -226,7 +250,7 @@ def _second_grid(draw, ctx, case):
 
 
 @register(name="group-law", formula="f(f(x, a), b) = f(x, a + b)",
-          extras=_second_grid,
+          extras=_second_grid, same_theta_across_calls=True,
           example_extras=lambda ctx, case: {"steps": np.minimum(
               np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
               MAX_POSITION - case.positions_array())})
@@ -234,12 +258,22 @@ def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
     a, b = case.positions_array(), np.asarray(steps, dtype=np.int64)
     x = case.tensor()
     once = ctx.rope(x, torch.from_numpy(a))
-    twice = _f(ctx, once, b)
+    twice = ctx.unscale(_f(ctx, once, b))  # once carries the amplitude too
     direct = _f(ctx, x, a + b)
     ea, eb, eab = _eps(ctx, a), _eps(ctx, b), _eps(ctx, a + b)
     bound = (ea + eb + eab + ea * eb) * _norms(as_float64(x)) + 2 * ctx.model.floor
     return assert_close(_norms(twice - direct), 0.0, bound, positions=a + b, axes=AXES_3D,
                         what="|f(f(x, a), b) - f(x, a + b)| per head vector (position shown: a + b)")
+
+
+def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
+    """The position step that turns the fastest declared frequency by about one radian
+    (1 without a convention, or for theta_0 = 1): a position-interpolated target (theta/s)
+    moves s times less per step, which rounding noise could otherwise hide."""
+    if ctx.convention is None:
+        return 1
+    fastest = float(ctx.convention.theta(head_dim, positions).max())
+    return max(1, int(round(1.0 / fastest)))
 
 
 @register(name="invertibility",
@@ -249,6 +283,7 @@ def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
           case_options={"max_position": 4096})
 def invertibility(ctx: Context, case: Case, k: int) -> float:
     p = np.minimum(case.positions_array(), 4096)
+    k *= _position_step(ctx, case.head_dim, p)
     rng = np.random.default_rng([case.seed, 7])
     values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
     x = case.tensor(values=values)
@@ -262,10 +297,9 @@ def invertibility(ctx: Context, case: Case, k: int) -> float:
           needs_backward=True)
 def inverse(ctx: Context, case: Case) -> float:
     p = case.positions_array()
-    pt = torch.from_numpy(p)
     g = case.tensor(1)
-    back = ctx.rope.vjp(case.tensor(0), pt, g)
-    forth = _f(ctx, back, p)
+    back = _vjp(ctx, case.tensor(0), p, g)
+    forth = ctx.unscale(_f(ctx, back, p))  # VJP = A R_m^T g carries the amplitude too
     e = _eps(ctx, p)
     bound = (2 * e + e * e) * _norms(as_float64(g)) + 2 * ctx.model.floor
     return assert_close(_norms(forth - as_float64(g)), 0.0, bound, positions=p, axes=AXES_3D,
@@ -303,17 +337,19 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
         ctx.rope(other.tensor(), other.positions_tensor())
     except CallError:
         pass
-    again = _f(ctx, x, p)
-    pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
-    pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]
-    stepwise = np.concatenate(pieces, axis=1)
+    again, first = _f(ctx, x, p), ctx.unscale(first)
     norms = _norms(as_float64(x))
     # The same call repeated: the angles are computed the same way, only arithmetic may
-    # differ (thread scheduling, vectorised vs scalar tails). A split may take another
-    # path (a decode kernel), so it gets the full allowance.
+    # differ (thread scheduling, vectorised vs scalar tails).
     repeat = assert_close(_norms(again - first), 0.0, 2 * _ops(ctx) * norms + ctx.model.floor,
                           positions=p, axes=AXES_3D,
                           what=f"f(x, m) changed after a call on {other.describe()}")
+    if ctx.convention is not None and ctx.convention.dynamic:
+        return repeat  # decode calls see shorter sequences: other theta, by design
+    pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
+    pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]
+    stepwise = np.concatenate(pieces, axis=1)
+    # A split may take another path (a decode kernel), so it gets the full allowance.
     bound = 2 * _eps(ctx, p) * norms + ctx.model.floor
     split_error = assert_close(_norms(stepwise - first), 0.0, bound, positions=p, axes=AXES_3D,
                                what=f"prefill of {split} tokens then one-token decode calls "
@@ -323,7 +359,7 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
 
 @register(name="batch-independence",
           formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
-          case_options={"min_batch": 2})
+          case_options={"min_batch": 2}, same_theta_across_calls=True)
 def batch_independence(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     whole = _f(ctx, x, p)
@@ -337,7 +373,10 @@ def batch_independence(ctx: Context, case: Case) -> float:
 
 def _where_pairs(ctx: Context, head_dim: int) -> str:
     c = ctx.convention
-    return f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
+    out = f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
+    if c.scaling.rope_type != "default":
+        out += f", {c.scaling.rope_type} scaling"
+    return out
 
 
 @register(name="reference",
@@ -358,9 +397,8 @@ def reference_agreement(ctx: Context, case: Case) -> float:
           needs_backward=True)
 def backward(ctx: Context, case: Case) -> float:
     p = case.positions_array()
-    pt = torch.from_numpy(p)
     g, v = case.tensor(1), case.tensor(2)
-    vjp = as_float64(ctx.rope.vjp(case.tensor(0), pt, g))
+    vjp = ctx.unscale(as_float64(_vjp(ctx, case.tensor(0), p, g)))
     g64, v64 = as_float64(g), as_float64(v)
     e = _eps(ctx, p)
     adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * _f(ctx, v, p), -1),
@@ -369,7 +407,7 @@ def backward(ctx: Context, case: Case) -> float:
                            what="adjoint identity <VJP(g), v> = <g, f(v, m)> per head")
     if ctx.convention is None:
         return adjoint
-    expected = ctx.convention.apply(g64, -p)
+    expected = ctx.convention.apply(g64, p, inverse=True)
     bound = ctx.model.element_bound(g64, p, ctx.convention)
     exact = assert_close(vjp, expected, bound, positions=p,
                          what="VJP(g) against R_m^T g = f_ref(g, -m)")

@@ -37,6 +37,8 @@ def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, ext
         words += ["--base", f"{spec.base:g}"]
     if spec.rotary_dim:
         words += ["--rotary-dim", str(spec.rotary_dim)]
+    if spec.scaling:
+        words += ["--scaling", spec.scaling]
     if not spec.backward:
         words.append("--no-backward")
     if spec.inplace:
@@ -61,6 +63,8 @@ def main():
               help="Pairing layout. Without it only spec-free checks run.")
 @click.option("--base", type=float, help="Frequency base (default 10000).")
 @click.option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
+@click.option("--scaling", help="Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, "
+              "yarn, llama3, longrope), a JSON object of HF rope_parameters, or @file.json.")
 @click.option("--dtype", "dtypes", multiple=True,
               help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
 @click.option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
@@ -75,12 +79,13 @@ def main():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def check(target, layout, base, rotary_dim, dtypes, no_backward, inplace, profile, seed,
+def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplace, profile, seed,
           property_names, max_examples, timeout, json_path, junit_path, debug):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
-    spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace)
+    spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
+                      scaling=scaling)
     try:
         built = spec.build()
         dtype_list, explicit = resolve_dtypes(dtypes, built)

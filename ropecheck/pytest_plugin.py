@@ -23,6 +23,8 @@ def pytest_addoption(parser):
     group.addoption("--rope-layout", choices=("interleaved", "half"), default=None)
     group.addoption("--rope-base", type=float, default=None)
     group.addoption("--rope-rotary-dim", type=int, default=None)
+    group.addoption("--rope-scaling", default=None,
+                    help="position scaling, as ropecheck check --scaling")
     group.addoption("--rope-dtype", action="append", default=[],
                     help="dtype to check; repeat or comma-separate (default: all)")
     group.addoption("--rope-no-backward", action="store_true")
@@ -37,7 +39,7 @@ def _spec(config) -> TargetSpec:
     get = config.getoption
     return TargetSpec(get("--rope-target"), get("--rope-layout"), get("--rope-base"),
                       get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
-                      inplace=get("--rope-inplace"))
+                      inplace=get("--rope-inplace"), scaling=get("--rope-scaling"))
 
 
 def pytest_generate_tests(metafunc):

@@ -16,6 +16,8 @@ from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
 from ropecheck.loading import TargetLoadError, load
+from reference.scaling import Scaling
+from reference.scaling import parse as parse_scaling
 from ropecheck.target import Convention, Target
 
 
@@ -31,6 +33,7 @@ class TargetSpec:
     rotary_dim: Optional[int] = None
     backward: bool = True
     inplace: bool = False
+    scaling: Optional[str] = None  # a --scaling value (reference.scaling.parse)
 
     @property
     def name(self) -> str:
@@ -38,18 +41,24 @@ class TargetSpec:
 
     def build(self) -> Target:
         """Load the target and attach the declared convention and capabilities."""
-        options = {k: v for k, v in (("base", self.base), ("rotary_dim", self.rotary_dim),
-                                     ("layout", self.layout)) if v is not None}
         try:
+            scaling = None if self.scaling is None else parse_scaling(self.scaling)
+            options = {k: v for k, v in (("base", self.base), ("rotary_dim", self.rotary_dim),
+                                         ("layout", self.layout), ("scaling", scaling))
+                       if v is not None}
             target = load(self.name, **(options if self.name in BUILTINS else {}))
             convention = target.convention
             if self.layout is not None:
-                convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim)
+                convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim,
+                                        scaling or Scaling())
             elif convention is not None and self.name not in BUILTINS:
-                # a Target object loaded from a file: flags override its declaration
+                # a declared Target (adapter, file): flags override its declaration
                 convention = Convention(convention.layout, self.base or convention.base,
-                                        self.rotary_dim or convention.rotary_dim)
-        except (TargetLoadError, ValueError) as exc:
+                                        self.rotary_dim or convention.rotary_dim,
+                                        scaling or convention.scaling)
+            elif scaling is not None and convention is None:
+                raise ValueError("--scaling needs a declared convention: give --layout too")
+        except (TargetLoadError, ValueError, OSError) as exc:
             raise UnusableTarget(str(exc)) from None
         rotary_dim = self.rotary_dim or target.rotary_dim
         return target.with_(convention=convention, rotary_dim=rotary_dim,

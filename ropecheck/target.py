@@ -14,16 +14,23 @@ from typing import Callable, Optional
 import numpy as np
 
 import reference
+from reference.scaling import Scaling
 from ropecheck.dtypes import DTYPES
 
 
 @dataclass(frozen=True)
 class Convention:
-    """What a target computes: pairing layout, base, rotary dimension (None: head_dim)."""
+    """What a target computes: pairing layout, base, rotary dimension (None: head_dim)
+    and position scaling (``reference.scaling``; none by default).
+
+    A scaling may multiply the rotated features by an attention factor (the *amplitude*
+    A: f(x, m) = A R_m x on the rotated block) and, when ``dynamic``, take its frequencies
+    from the call's sequence length, largest position + 1 (HF transformers' rule)."""
 
     layout: str
     base: float = reference.DEFAULT_BASE
     rotary_dim: Optional[int] = None
+    scaling: Scaling = Scaling()
 
     def __post_init__(self):
         reference.check_layout(self.layout)
@@ -35,17 +42,53 @@ class Convention:
     def rotary_dim_for(self, head_dim: int) -> int:
         return head_dim if self.rotary_dim is None else self.rotary_dim
 
-    def theta(self, head_dim: int) -> np.ndarray:
-        return reference.inv_freq(self.rotary_dim_for(head_dim), self.base)
+    @staticmethod
+    def seq_len(positions) -> Optional[int]:
+        """The sequence length a dynamic scaling sees: largest position + 1."""
+        positions = np.asarray(positions)
+        return int(positions.max()) + 1 if positions.size else None
 
-    def apply(self, x, positions) -> np.ndarray:
-        """The float64 reference output for x (any float array) at integer positions."""
-        return reference.apply_rope(x, positions, layout=self.layout, base=self.base,
-                                    rotary_dim=self.rotary_dim)
+    @property
+    def dynamic(self) -> bool:
+        return self.scaling.dynamic
+
+    @property
+    def amplitude(self) -> float:
+        return float(self.scaling.attention_factor())
+
+    def theta(self, head_dim: int, positions=None) -> np.ndarray:
+        """theta_i for the call at ``positions`` (they matter only to dynamic scalings)."""
+        seq_len = None if positions is None else self.seq_len(positions)
+        return self.scaling.inv_freq(self.rotary_dim_for(head_dim), self.base, seq_len)
+
+    def exponent_log_base(self, head_dim: int) -> np.ndarray:
+        """e_i ln(base), e_i = 2i/r: what a float32 base^(-e_i) is perturbed by (tolerance)."""
+        r = self.rotary_dim_for(head_dim)
+        return np.arange(0, r, 2, dtype=np.float64) / r * math.log(self.base)
+
+    def apply(self, x, positions, *, inverse: bool = False) -> np.ndarray:
+        """The float64 rotation R_m x (``inverse``: R_m^T x) for x (any float array) at
+        integer positions, *without* the amplitude: checks compare outputs divided by it."""
+        x = np.asarray(x, dtype=np.float64)
+        theta = self.theta(x.shape[-1], positions)
+        positions = np.asarray(positions)
+        return reference.apply_rope(x, -positions if inverse else positions, layout=self.layout,
+                                    rotary_dim=self.rotary_dim, theta=theta)
+
+    def unscale(self, y64: np.ndarray) -> np.ndarray:
+        """Divide the rotated block of a float64 output by the amplitude (a copy)."""
+        if self.amplitude == 1.0:
+            return y64
+        y64 = np.array(y64, dtype=np.float64)
+        y64[..., :self.rotary_dim_for(y64.shape[-1])] /= self.amplitude
+        return y64
 
     def flags(self) -> str:
         out = f"--layout {self.layout} --base {self.base:g}"
-        return out + (f" --rotary-dim {self.rotary_dim}" if self.rotary_dim else "")
+        out += f" --rotary-dim {self.rotary_dim}" if self.rotary_dim else ""
+        if self.scaling.rope_type != "default":
+            out += f" --scaling '{self.scaling.flag()}'"
+        return out
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ by two independent effects:
        by 2 e_i ln(base) u32 relative;  pow/exp itself 2 ulp (4 u32);  the reciprocal u32;
      - the product m * theta_i rounds once: u32 (positions <= 2^24 are exact in float32).
    So |dphi_i| <= u32 |m| theta_i (2 e_i ln(base) + 6)  (ANGLE_CONST = 6).
+   A position scaling (reference.scaling) spends a few more float32 operations on
+   theta_i (a division by the factor, YaRN's ramp mix, ...): each adds one rounding, so
+   the constant grows by the scaling's ``theta_ops``.
    Without a declared convention theta_i and e_i are unknown; since
    theta (2 e ln b + 6) = e^-t (2t + 6) <= 6 for t = e ln b >= 0, the generic bound is
    |dphi| <= 6 u32 |m|.
@@ -54,9 +57,14 @@ class ErrorModel:
     """Error bounds for a target producing ``dtype`` outputs."""
 
     dtype: str
+    extra_ops: int = 0  # roundings beyond the K_OPS derivation (an attention factor: 1)
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical(self.dtype))
+
+    @property
+    def ops(self) -> float:
+        return K_OPS + self.extra_ops
 
     @property
     def unit(self) -> float:
@@ -70,25 +78,27 @@ class ErrorModel:
     @property
     def floor(self) -> float:
         """Absolute error allowed for results that underflow into subnormals."""
-        return K_OPS * SUBNORMAL_SPACING[self.dtype]
+        return self.ops * SUBNORMAL_SPACING[self.dtype]
 
     # --- angle error of a float32 angle computation -------------------------------
     @staticmethod
-    def angle_error(positions, theta=None) -> np.ndarray:
+    def angle_error(positions, theta=None, e_ln_base=None, theta_ops: int = 0) -> np.ndarray:
         """Allowed |dphi|: per frequency, shape (*positions.shape, r/2), when the
-        frequencies theta are known; generic, shape positions.shape, otherwise."""
+        frequencies theta are known; generic, shape positions.shape, otherwise.
+        ``e_ln_base`` is e_i ln(base) (default -ln(theta_i), exact without scaling)."""
         m = np.abs(np.asarray(positions, dtype=np.float64))
         if theta is None:
             return ANGLE_CONST * U32 * m
         theta = np.asarray(theta, dtype=np.float64)
-        e_ln_base = -np.log(theta)  # theta_i = base^(-e_i)  =>  e_i ln(base) = -ln(theta_i)
-        per_freq = theta * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST)
+        if e_ln_base is None:  # theta_i = base^(-e_i)  =>  e_i ln(base) = -ln(theta_i)
+            e_ln_base = -np.log(theta)
+        per_freq = theta * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST + theta_ops)
         return U32 * m[..., None] * per_freq
 
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):
         """Allowed error per unit of rho: K_OPS u (+ dphi unless strict)."""
-        ops = K_OPS * self.unit
+        ops = self.ops * self.unit
         return ops + (0.0 if strict else angle_error)
 
     def pair_bound(self, pair_norms, angle_error, strict: bool = False) -> np.ndarray:
@@ -108,7 +118,7 @@ class ErrorModel:
     def norm_bound(self, vector_norms) -> np.ndarray:
         """Allowed change of a head vector's norm: rotations by a wrong angle keep norms,
         so only the arithmetic term counts."""
-        return math.sqrt(2.0) * vector_norms * K_OPS * self.unit + self.floor
+        return math.sqrt(2.0) * vector_norms * self.ops * self.unit + self.floor
 
     def element_bound(self, x64, positions, convention, strict: bool = False) -> np.ndarray:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
@@ -120,7 +130,9 @@ class ErrorModel:
         head_dim = x64.shape[-1]
         i, j = pair_indices(convention.rotary_dim_for(head_dim), convention.layout)
         rho = np.hypot(x64[..., i], x64[..., j])
-        dphi = self.angle_error(positions, convention.theta(head_dim))[:, :, None, :]
+        dphi = self.angle_error(positions, convention.theta(head_dim, positions),
+                                convention.exponent_log_base(head_dim),
+                                convention.scaling.theta_ops)[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair

@@ -77,3 +77,57 @@ def test_shrinking_stops_at_its_budget(monkeypatch):
     assert result.status == "failed"
     assert "shrinking stopped" in result.counterexample
     assert result.max_error > 1.0 and "outside the bound" in result.message
+
+
+# --- position scaling ------------------------------------------------------------------
+
+SCALED = {
+    "linear": "linear:factor=8",
+    "yarn": "yarn:factor=4,original_max_position_embeddings=256",
+    "llama3": "llama3:factor=8,original_max_position_embeddings=256",
+    "dynamic": "dynamic:factor=4,max_position_embeddings=256",
+    "longrope": '{"rope_type": "longrope", "short_factor": [1, 1, 1, 1], '
+                '"long_factor": [1, 2, 4, 8], "original_max_position_embeddings": 64, "factor": 4}',
+}
+
+
+def _scaled(name: str, rotary_dim: int = 8):
+    from reference.scaling import parse
+    return builtin("rotate-half", rotary_dim=rotary_dim, scaling=parse(SCALED[name]))
+
+
+@pytest.mark.parametrize("name", SCALED)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_checks_pass_correct_scaled_builtin(name, dtype):
+    target = _scaled(name)
+    for prop in PROPERTIES.values():
+        if not prop.applies_to(target)[0]:
+            assert target.convention.dynamic and prop.same_theta_across_calls
+            continue
+        result = run_property(prop, target, dtype, OPTIONS)
+        assert result.status == "passed", f"{prop.name} ({dtype}) on {name}: {result.message}"
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_scaling_not_declared_is_caught(name):
+    """The target scales, the declaration does not: the reference check fails."""
+    target = _scaled(name).with_(convention=builtin("rotate-half", rotary_dim=8).convention)
+    result = run_property(PROPERTIES["reference"], target, "float32", OPTIONS)
+    assert result.status == "failed", result.message
+
+
+def test_missing_attention_factor_is_caught():
+    """YaRN declared, the target leaves out cos/sin's attention factor."""
+    from dataclasses import replace
+    target = _scaled("yarn")
+    without = replace(target.convention.scaling, attention_factor_=1.0)
+    wrong = target.with_(fn=builtin("rotate-half", rotary_dim=8, scaling=without).fn)
+    for prop in ("reference", "orthogonality", "identity"):
+        result = run_property(PROPERTIES[prop], wrong, "float32", OPTIONS)
+        assert result.status == "failed", f"{prop}: {result.message}"
+
+
+def test_dynamic_scaling_skips_what_it_does_not_promise():
+    target = _scaled("dynamic")
+    skipped = {name for name, prop in PROPERTIES.items() if not prop.applies_to(target)[0]}
+    assert skipped == {"relativity", "translation", "group-law", "batch-independence"}
