@@ -8,6 +8,7 @@ import inspect
 import sys
 from pathlib import Path
 
+from ropecheck.adapters import ADAPTERS
 from ropecheck.builtins import BUILTINS, builtin
 from ropecheck.calling import describe_exception
 from ropecheck.target import Target
@@ -67,6 +68,16 @@ def check_signature(fn) -> None:
             f"{getattr(fn, '__name__', 'target')}{signature}: {exc}") from None
 
 
+def _build_adapter(adapter) -> Target:
+    why = adapter.why_unavailable()
+    if why:
+        raise TargetLoadError(f"target {adapter.name!r} is not available here: {why}")
+    try:
+        return adapter.target()
+    except BaseException as exc:  # a library's import may raise anything
+        raise TargetLoadError(f"building target {adapter.name!r} failed: {_describe(exc)}") from exc
+
+
 def load(spec: str, **builtin_options) -> Target:
     """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins."""
     if spec in BUILTINS:
@@ -74,10 +85,12 @@ def load(spec: str, **builtin_options) -> Target:
             return builtin(spec, **builtin_options)
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
+    if spec in ADAPTERS:
+        return _build_adapter(ADAPTERS[spec])
     if ":" not in spec:
         raise TargetLoadError(
             f"cannot resolve target {spec!r}: use path/to/file.py:func, package.module:attr "
-            f"or a built-in name ({', '.join(BUILTINS)})")
+            f"or a target name (`ropecheck list` shows them)")
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py") or "/" in where or Path(where).is_file():
         module = _import_file(Path(where))

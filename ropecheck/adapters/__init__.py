@@ -1,0 +1,5 @@
+"""Third-party targets. Each module registers its records in ``ADAPTERS`` on import."""
+
+from ropecheck.adapters.registry import ADAPTERS, Adapter, register
+
+__all__ = ["ADAPTERS", "Adapter", "register"]

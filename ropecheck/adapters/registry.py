@@ -1,0 +1,64 @@
+"""Adapters: third-party RoPE implementations brought to the target contract.
+
+One small declarative record per target (in the spirit of PyTorch's OpInfo): what to
+import, how to build the canonical ``rope(x, positions)`` callable, the convention it
+computes, its capabilities, and how to install its library. Records never import their
+library at definition time: ``ropecheck list`` shows every record, available or not, and
+why not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ropecheck.dtypes import DTYPES
+from ropecheck.target import Convention, Target
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A third-party target.
+
+    ``build()`` imports the library and returns the canonical callable; ``modules`` are
+    the import names whose presence makes it available; ``install`` is the pip command
+    that provides them.
+    """
+
+    name: str
+    library: str  # distribution name, e.g. "transformers"
+    build: Callable[[], Callable]
+    convention: Optional[Convention]
+    description: str
+    modules: tuple[str, ...] = ()
+    install: str = ""
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    backward: bool = True
+    inplace: bool = False
+    rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
+    notes: str = ""  # what it cannot do here, shown by `ropecheck list`
+    unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
+
+    def why_unavailable(self) -> Optional[str]:
+        """None when the target can be built here, else the reason and the install hint."""
+        for module in self.modules or (self.library,):
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                return f"{module} is not installed ({self.install or 'pip install ' + self.library})"
+        return self.unavailable() if self.unavailable else None
+
+    def target(self) -> Target:
+        return Target(name=self.name, fn=self.build(), convention=self.convention,
+                      dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
+                      rotary_dim=self.rotary_dim, description=self.description)
+
+
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def register(adapter: Adapter) -> Adapter:
+    if adapter.name in ADAPTERS:
+        raise ValueError(f"adapter {adapter.name!r} registered twice")
+    ADAPTERS[adapter.name] = adapter
+    return adapter
