@@ -40,7 +40,7 @@ def _magnitudes(x64: np.ndarray, convention) -> np.ndarray:
 def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
     head_dim = ctx.target.rotary_dim or FREE_HEAD_DIMS[0]
-    positions = sweep_positions(max_position_for(head_dim))[None, :]
+    positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :]
     case = Case(ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim,
                 tuple(map(tuple, positions.tolist())), seed=12345)
     x = case.tensor()

@@ -34,6 +34,11 @@ class Context:
     rope: Caller = field(init=False)
     model: ErrorModel = field(init=False)
 
+    @property
+    def max_position(self) -> int:
+        """The largest position drawn: 2^24, or less where the target declares less."""
+        return min(MAX_POSITION, self.target.max_position or MAX_POSITION)
+
     def __post_init__(self):
         self.rope = Caller(self.target, self.timeout)
         self.model = ErrorModel(self.dtype, extra_ops=0 if self.amplitude == 1.0 else 1)
@@ -69,7 +74,9 @@ class Property:
     case_options: dict = field(default_factory=dict)
 
     def case_strategy(self, ctx: Context):
-        return cases(ctx.dtype, ctx.target.rotary_dim, **self.case_options)
+        options = dict(self.case_options)
+        options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
+        return cases(ctx.dtype, ctx.target.rotary_dim, **options)
 
     def applies_to(self, target: Target) -> tuple[bool, str]:
         if self.needs_convention and target.convention is None:
@@ -118,8 +125,8 @@ def _vjp(ctx: Context, x: torch.Tensor, positions: np.ndarray, g: torch.Tensor) 
     return ctx.rope.vjp(x, torch.from_numpy(np.ascontiguousarray(positions)), g)
 
 
-def _shift_range(positions: np.ndarray) -> tuple[int, int]:
-    return -int(positions.min()), MAX_POSITION - int(positions.max())
+def _shift_range(ctx: Context, positions: np.ndarray) -> tuple[int, int]:
+    return -int(positions.min()), ctx.max_position - int(positions.max())
 
 
 # --- contract ----------------------------------------------------------------------
@@ -184,13 +191,13 @@ def orthogonality(ctx: Context, case: Case) -> float:
 
 
 def _shift_extra(ctx, case):
-    low, high = _shift_range(case.positions_array())
+    low, high = _shift_range(ctx, case.positions_array())
     return st.fixed_dictionaries({"shift": st.integers(low, high).filter(lambda c: c != 0)
                                   if high > low else st.just(0)})
 
 
 def _example_shift(ctx, case):
-    low, high = _shift_range(case.positions_array())
+    low, high = _shift_range(ctx, case.positions_array())
     return {"shift": 7 if high >= 7 else low}
 
 
@@ -245,7 +252,7 @@ def translation(ctx: Context, case: Case, shift: int) -> float:
 @st.composite
 def _second_grid(draw, ctx, case):
     p = case.positions_array()
-    room = MAX_POSITION - int(p.max())
+    room = ctx.max_position - int(p.max())
     return {"steps": draw(position_grids(case.batch, case.seq, max(room, 0)))}
 
 
@@ -253,7 +260,7 @@ def _second_grid(draw, ctx, case):
           extras=_second_grid, same_theta_across_calls=True,
           example_extras=lambda ctx, case: {"steps": np.minimum(
               np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
-              MAX_POSITION - case.positions_array())})
+              ctx.max_position - case.positions_array())})
 def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
     a, b = case.positions_array(), np.asarray(steps, dtype=np.int64)
     x = case.tensor()
@@ -309,13 +316,15 @@ def inverse(ctx: Context, case: Case) -> float:
 @st.composite
 def _distractor(draw, ctx, case):
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
-    other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim))
+    other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim,
+                       max_position=ctx.max_position))
     return {"other": other, "split": draw(st.integers(0, case.seq - 1))}
 
 
 def _example_distractor(ctx, case):
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
     other = critical_cases(dtypes[0], ctx.target.rotary_dim)[-1]
+    other = other.with_positions(np.minimum(other.positions_array(), ctx.max_position))
     return {"other": other, "split": case.seq // 2}
 
 

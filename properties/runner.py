@@ -86,6 +86,8 @@ def _examples(prop: Property, ctx: Context) -> list:
             continue
         if prop.case_options.get("positions", True) is False:
             case = case.with_positions(np.zeros((case.batch, case.seq), dtype=np.int64))
+        elif case.positions_array().max() > ctx.max_position:
+            case = case.with_positions(np.minimum(case.positions_array(), ctx.max_position))
         out.append((case, prop.example_extras(ctx, case)))
     return out
 

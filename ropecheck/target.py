@@ -107,6 +107,7 @@ class Target:
     inplace: bool = False
     rotary_dim: Optional[int] = None
     description: str = ""
+    max_position: Optional[int] = None  # largest position accepted (a fixed-length cache)
 
     def __post_init__(self):
         if self.convention is not None and self.convention.rotary_dim is not None:

@@ -38,6 +38,7 @@ class Adapter:
     backward: bool = True
     inplace: bool = False
     rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
+    max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
@@ -51,7 +52,8 @@ class Adapter:
     def target(self) -> Target:
         return Target(name=self.name, fn=self.build(), convention=self.convention,
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
-                      rotary_dim=self.rotary_dim, description=self.description)
+                      rotary_dim=self.rotary_dim, description=self.description,
+                      max_position=self.max_position)
 
 
 ADAPTERS: dict[str, Adapter] = {}

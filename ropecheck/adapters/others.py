@@ -1,0 +1,219 @@
+"""Adapters for torchtune, rotary-embedding-torch, x-transformers, megatron-core and timm.
+
+Each brings the library's own call to ``rope(x, positions)``: x (batch, seq, heads,
+head_dim), positions int64 (batch, seq). Where a library takes only a start offset, the
+adapter calls it once per token at that token's position (its own offset path), so any
+positions can be checked."""
+
+from __future__ import annotations
+
+from ropecheck.adapters.registry import Adapter, register
+from ropecheck.target import Convention
+
+
+def _pin(package: str) -> str:
+    return f"pip install {package} torch==2.13.0"
+
+
+# --- torchtune ----------------------------------------------------------------------
+
+TORCHTUNE_CACHE = 2**16
+TORCHTUNE_INSTALL = "pip install torchtune==0.6.1 torchao==0.15.0 torch==2.13.0"
+
+
+def _torchtune(class_path: str, **kwargs):
+    def build():
+        import importlib
+
+        module_name, _, class_name = class_path.rpartition(".")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        modules = {}
+
+        def rope(x, positions):
+            head_dim = x.shape[-1]
+            if head_dim not in modules:
+                modules[head_dim] = cls(dim=head_dim, max_seq_len=TORCHTUNE_CACHE, **kwargs)
+            return modules[head_dim](x, input_pos=positions)
+        return rope
+    return build
+
+
+register(Adapter(
+    "torchtune-rope", "torchtune", _torchtune("torchtune.modules.RotaryPositionalEmbeddings"),
+    Convention("interleaved", 10000.0), "RotaryPositionalEmbeddings(x, input_pos=...)",
+    modules=("torchtune", "torchao"), install=TORCHTUNE_INSTALL, max_position=TORCHTUNE_CACHE - 1,
+    notes=f"cos/sin cache of max_seq_len = {TORCHTUNE_CACHE} positions"))
+
+register(Adapter(
+    "torchtune-llama3-scaled", "torchtune",
+    _torchtune("torchtune.models.llama3_1.Llama3ScaledRoPE", base=500000.0),
+    Convention("interleaved", 500000.0, None, __import__("reference.scaling", fromlist=["Llama3"]).Llama3(
+        8.0, 1.0, 4.0, 8192)),
+    "Llama3ScaledRoPE (factor 8, low 1, high 4, old context 8192), input_pos",
+    modules=("torchtune", "torchao"), install=TORCHTUNE_INSTALL, max_position=TORCHTUNE_CACHE - 1,
+    notes=f"cos/sin cache of max_seq_len = {TORCHTUNE_CACHE} positions"))
+
+
+# --- rotary-embedding-torch -----------------------------------------------------------
+
+def _ret_offsets():
+    """``rotate_queries_or_keys(t, offset=m)`` once per token: positions are built by the
+    library (arange + offset, in the input's dtype)."""
+
+    def build():
+        from rotary_embedding_torch import RotaryEmbedding
+        modules = {}
+
+        def rope(x, positions):
+            import torch
+            head_dim = x.shape[-1]
+            if head_dim not in modules:
+                modules[head_dim] = RotaryEmbedding(dim=head_dim, cache_if_possible=False)
+            emb = modules[head_dim]
+            rows = []
+            for b in range(x.shape[0]):
+                tokens = [emb.rotate_queries_or_keys(x[b, t:t + 1].transpose(0, 1), offset=int(m))
+                          .transpose(0, 1) for t, m in enumerate(positions[b].tolist())]
+                rows.append(torch.cat(tokens, dim=0))
+            return torch.stack(rows)
+        return rope
+    return build
+
+
+def _ret_explicit():
+    """The explicit-positions path: ``freqs = emb(positions)`` (float32 positions) then
+    ``apply_rotary_emb(freqs, t)``."""
+
+    def build():
+        import torch
+        from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
+        modules = {}
+
+        def rope(x, positions):
+            head_dim = x.shape[-1]
+            if head_dim not in modules:
+                modules[head_dim] = RotaryEmbedding(dim=head_dim, cache_if_possible=False)
+            emb = modules[head_dim]
+            rows = [apply_rotary_emb(emb(positions[b].to(torch.float32)), x[b].transpose(0, 1))
+                    .transpose(0, 1) for b in range(x.shape[0])]
+            return torch.stack(rows)
+        return rope
+    return build
+
+
+for _name, _build, _what in (
+        ("rotary-embedding-torch", _ret_offsets(),
+         "RotaryEmbedding.rotate_queries_or_keys(t, offset=m) per token"),
+        ("rotary-embedding-torch-positions", _ret_explicit(),
+         "RotaryEmbedding(float32 positions) + apply_rotary_emb")):
+    register(Adapter(_name, "rotary-embedding-torch", _build, Convention("interleaved", 10000.0),
+                     _what, modules=("rotary_embedding_torch",),
+                     install=_pin("rotary-embedding-torch==0.9.1")))
+
+
+# --- x-transformers -------------------------------------------------------------------
+
+def _x_transformers():
+    def build():
+        from x_transformers.x_transformers import RotaryEmbedding, apply_rotary_pos_emb
+        modules = {}
+
+        def rope(x, positions):
+            head_dim = x.shape[-1]
+            if head_dim not in modules:
+                modules[head_dim] = RotaryEmbedding(head_dim)
+            freqs, scale = modules[head_dim](positions)  # per-row positions (batch, seq)
+            return apply_rotary_pos_emb(x.transpose(1, 2), freqs, scale).transpose(1, 2)
+        return rope
+    return build
+
+
+register(Adapter("x-transformers", "x-transformers", _x_transformers(),
+                 Convention("interleaved", 10000.0),
+                 "RotaryEmbedding(positions) + apply_rotary_pos_emb", modules=("x_transformers",),
+                 install=_pin("x-transformers==2.31.10")))
+
+
+# --- megatron-core --------------------------------------------------------------------
+
+def _megatron(interleaved: bool):
+    """``RotaryEmbedding(use_cpu_initialization=True).inv_freq``, the angles as its
+    ``get_emb`` forms them (outer product with the positions, repeated per layout), and
+    ``_apply_rotary_pos_emb_bshd`` (its forward asserts CUDA: the CPU-usable pieces)."""
+
+    def build():
+        import torch
+        from megatron.core.models.common.embeddings import rope_utils
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+        modules = {}
+
+        def rope(x, positions):
+            head_dim = x.shape[-1]
+            if head_dim not in modules:
+                modules[head_dim] = RotaryEmbedding(head_dim, 1.0, rotary_interleaved=interleaved,
+                                                    use_cpu_initialization=True)
+            inv_freq = modules[head_dim].inv_freq
+            freqs = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (b, s, r/2)
+            if interleaved:
+                emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
+            else:
+                emb = torch.cat((freqs, freqs), dim=-1)
+            # megatron is sbhd: (seq, batch, heads, dim) with freqs (seq, batch, 1, dim)
+            out = rope_utils._apply_rotary_pos_emb_bshd(
+                x.transpose(0, 1), emb.transpose(0, 1)[:, :, None, :], rotary_interleaved=interleaved)
+            return out.transpose(0, 1)
+        return rope
+    return build
+
+
+for _name, _interleaved in (("megatron-core", False), ("megatron-core-interleaved", True)):
+    register(Adapter(_name, "megatron-core", _megatron(_interleaved),
+                     Convention("interleaved" if _interleaved else "half", 10000.0),
+                     "RotaryEmbedding.inv_freq + _apply_rotary_pos_emb_bshd"
+                     + (" (rotary_interleaved)" if _interleaved else ""),
+                     modules=("megatron.core",), install=_pin("megatron-core==0.16.1"),
+                     notes="forward asserts CUDA; the adapter calls its CPU-usable pieces"))
+
+
+# --- timm -----------------------------------------------------------------------------
+
+def _import_timm_sincos():
+    """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision): the
+    packages are registered bare, then the one module is loaded."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if "timm.layers.pos_embed_sincos" in sys.modules:
+        return sys.modules["timm.layers.pos_embed_sincos"]
+    root = importlib.util.find_spec("timm").submodule_search_locations[0]
+    for name, path in (("timm", root), ("timm.layers", f"{root}/layers")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            sys.modules[name] = package
+    return importlib.import_module("timm.layers.pos_embed_sincos")
+
+
+def _timm():
+    """timm's 1-D pieces: ``freq_bands(dim/2... )`` in float32 and ``apply_rot_embed``."""
+
+    def build():
+        import torch
+        sincos = _import_timm_sincos()
+
+        def rope(x, positions):
+            bands = sincos.freq_bands(x.shape[-1], temperature=10000.0, step=2)
+            phi = positions.to(torch.float32)[..., None] * bands  # (b, s, r/2)
+            sin = phi.sin().repeat_interleave(2, -1)[:, :, None, :]
+            cos = phi.cos().repeat_interleave(2, -1)[:, :, None, :]
+            return sincos.apply_rot_embed(x, sin, cos)
+        return rope
+    return build
+
+
+register(Adapter("timm", "timm", _timm(), Convention("interleaved", 10000.0),
+                 "timm.layers.pos_embed_sincos freq_bands + apply_rot_embed (1-D)",
+                 modules=("timm",), install="pip install --no-deps timm==1.0.31",
+                 notes="`import timm` needs torchvision; the module is loaded on its own"))
