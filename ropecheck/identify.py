@@ -72,6 +72,7 @@ LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)
 PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 PROBE_HEAD_DIMS = (64, 128, 32, 16, 8, 80, 256)
 UNWRAP_LIMIT = math.pi / 2  # branch choice is safe while the total angle error is below it
+RATIO_CAP = 1e300
 PINNED = 1e-3  # relative uncertainty under which base and scale count as pinned
 
 
@@ -90,6 +91,7 @@ class Evidence:
     test: str
     ratio: float
     detail: str
+    judged: bool = True  # False: a measurement (the fit of non-geometric frequencies), not a test
 
 
 @dataclass
@@ -124,7 +126,7 @@ class Identification:
 
     @property
     def worst_ratio(self) -> float:
-        return max((e.ratio for e in self.evidence), default=0.0)
+        return max((e.ratio for e in self.evidence if e.judged), default=0.0)
 
     @property
     def flags(self) -> str:
@@ -255,7 +257,9 @@ class _Bounds:
 
 
 def _record(ident, test, deviation, bound, detail, failure):
-    ratio = float(deviation / bound) if bound > 0 else (0.0 if deviation == 0 else math.inf)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        ratio = float(np.nan_to_num(deviation / bound, nan=0.0, posinf=RATIO_CAP))
+    ratio = min(ratio, RATIO_CAP)  # finite, so that JSON stays standard
     ident.evidence.append(Evidence(test, ratio, detail))
     if ratio > 1.0:
         raise NotRotary(failure)
@@ -284,18 +288,18 @@ def _check_linear(ident, small: Probe, bounds: _Bounds):
             f"{worst:.3g} times the rounding bound)")
 
 
-def _check_norms(ident, matrices, positions, bounds: _Bounds):
+def _check_norms(ident, matrices, positions, bounds: _Bounds, where: str):
     norms = np.linalg.norm(matrices, axis=1)  # (P, d) column norms
     change = np.abs(norms - norms[:1])
     p, j = np.unravel_index(change.argmax(), change.shape)
-    _record(ident, "norms", change.max(), 2 * bounds.norm,
+    _record(ident, f"norms{where}", change.max(), 2 * bounds.norm,
             f"column norms constant in m to {change.max():.3g}",
             f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at m = "
             f"{positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): the map scales with the "
             f"position (xPos-like), norms are not preserved")
     gram = np.einsum("pki,pkj->pij", matrices, matrices)
     off = np.abs(gram - np.einsum("pi,ij->pij", np.einsum("pii->pi", gram), np.eye(gram.shape[1])))
-    _record(ident, "orthogonality", off.max(), 2 * bounds.a * bounds.norm + bounds.norm**2,
+    _record(ident, f"orthogonality{where}", off.max(), 2 * bounds.a * bounds.norm + bounds.norm**2,
             f"max |<f(e_i, m), f(e_j, m)>| = {off.max():.3g}",
             f"not a rotation: the columns of M_m are not orthogonal (inner product up to "
             f"{off.max():.3g})")
@@ -470,15 +474,19 @@ def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Iden
     return ident
 
 
+def _span(probe: Probe) -> str:
+    return f" (m <= 2^{int(probe.positions.max()).bit_length() - 1})"
+
+
 def _infer(ident: Identification, small: Probe, caller: Caller):
     amplitude = float(np.linalg.norm(small.matrices, axis=1).max())
     bounds = _Bounds(ident.dtype, amplitude)
     _check_linear(ident, small, bounds)
-    _check_norms(ident, small.matrices, small.positions, bounds)
+    _check_norms(ident, small.matrices, small.positions, bounds, _span(small))
     _check_identity_at_zero(ident, small.matrices[0], bounds)
     large = _probe_large(caller, ident.dtype, ident.head_dim, ident.notes)
     if large is not None:
-        _check_norms(ident, large.matrices, large.positions, bounds)
+        _check_norms(ident, large.matrices, large.positions, bounds, _span(large))
     pairs, single = _structure(ident, small, large, bounds)
 
     # the pairs' blocks, amplitude and angles in each call
@@ -486,17 +494,18 @@ def _infer(ident: Identification, small: Probe, caller: Caller):
     for probe in (small, large) if large is not None else (small,):
         c, s, residual = _pair_blocks(probe.matrices, pairs)
         k = int(residual.max(axis=0).argmax())
-        _record(ident, "2x2 rotation", residual.max(), bounds.entry,
+        where = _span(probe)
+        _record(ident, f"2x2 rotation{where}", residual.max(), bounds.entry,
                 f"blocks are a R(phi) to {residual.max():.3g}",
                 f"not a rotation: the block of features {pairs[k]} is not a scaled 2x2 rotation "
                 f"(off by {residual.max():.3g}; a reflection or a shear?)")
         amp = np.hypot(c, s)
-        _record(ident, "amplitude", np.abs(amp - amp.mean()).max(), 2 * bounds.norm,
+        _record(ident, f"amplitude{where}", np.abs(amp - amp.mean()).max(), 2 * bounds.norm,
                 f"pair amplitudes {amp.min():.6g} .. {amp.max():.6g}",
                 f"not a RoPE: the pairs are scaled differently ({amp.min():.6g} .. {amp.max():.6g})")
         theta, error, ratios, _, used = _unwrap(probe.positions, c, s, bounds)
         p, k = np.unravel_index(ratios.argmax(), ratios.shape)
-        _record(ident, "angles linear in m", ratios.max(), 1.0,
+        _record(ident, f"angles linear in m{where}", ratios.max(), 1.0,
                 f"phi(m) = m theta to {ratios.max():.2g} of the angle bound",
                 f"not a RoPE: the angle of features {pairs[k]} is not proportional to the position "
                 f"at m = {probe.positions[p]} ({ratios.max():.3g} times the float32 angle bound; "
@@ -562,7 +571,7 @@ def _orient(ident, pairs, theta, error, single, measured, bounds):
     ident.geometric = ratio <= 1.0
     ident.evidence.append(Evidence("geometric frequencies", ratio,
                                    "ln theta_k linear in k" if ident.geometric else
-                                   "frequencies are not base^(-2k/r) / s"))
+                                   "frequencies are not base^(-2k/r) / s", judged=ident.geometric))
     if ident.geometric and ln_b > 0:
         ident.base = round_within(math.exp(ln_b), d_ln_b)
         ident.base_error = float(math.expm1(d_ln_b))
