@@ -171,5 +171,34 @@ def list_targets():
     console.print(table)
 
 
+# --- identify: infer a target's convention by probing it -------------------------------
+
+@main.command()
+@click.argument("target")
+@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+              help="Seconds one call of the target may take.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result as JSON.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def identify(target, timeout, json_path, debug):
+    """Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by
+    probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, identified;
+    1: not a rotary embedding (the reasons are printed); 2: the target is unusable."""
+    from ropecheck.identify import UnusableTarget as Unusable, identify_spec
+    from ropecheck.identify_output import print_identification, write_json as write_identification
+
+    console = Console(highlight=False)
+    try:
+        ident = identify_spec(target, timeout)
+    except Unusable as exc:
+        _fail(console, f"cannot identify target {target!r}: {exc}")
+    except Exception as exc:  # our own bug: say so plainly (KeyboardInterrupt: click aborts)
+        traceback.print_exc() if debug else None
+        _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+    print_identification(console, ident)
+    if json_path:
+        write_identification(json_path, ident)
+    sys.exit(EXIT_PASSED if ident.rotary else EXIT_FAILED)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,317 @@
+"""``ropecheck identify``: every built-in and a set of inline correct variants are named
+exactly; maps that are not rotary embeddings are refused with their reason; the CLI's
+exit statuses and messages.
+
+The inline targets are plain functions under the contract, each forming its angles in
+float32 as real implementations do (so the probes meet the float32 angle error)."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ropecheck.builtins import BUILTINS, builtin
+from ropecheck.cli import main
+from ropecheck.identify import Identification, identify, round_within
+from ropecheck.target import Target
+
+
+# --- inline targets ------------------------------------------------------------------
+
+def _theta(r, base=10000.0):
+    return 1.0 / base ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+
+
+def _rotate_pairs(x, first, second, phi):
+    """Rotate features (first[k], second[k]) by phi[..., k] (batch, seq, r/2), CCW."""
+    cos, sin = phi.cos()[:, :, None, :], phi.sin()[:, :, None, :]
+    xf = x.to(torch.float32)
+    a, b = xf[..., first], xf[..., second]
+    y = xf.clone()
+    y[..., first] = a * cos - b * sin
+    y[..., second] = a * sin + b * cos
+    return y.to(x.dtype)
+
+
+def make_rope(layout="half", base=10000.0, rotary_dim=None, scale=1.0, amplitude=1.0,
+              pairs=None, theta_fn=None, sign=1.0):
+    """A family of correct (and deliberately odd) RoPE variants."""
+
+    def rope(x, positions):
+        r = rotary_dim or x.shape[-1]
+        theta = theta_fn(r, positions) if theta_fn else _theta(r, base) / scale
+        if pairs is not None:
+            first, second = pairs(r)
+        elif layout == "half":
+            first, second = list(range(r // 2)), list(range(r // 2, r))
+        else:
+            first, second = list(range(0, r, 2)), list(range(1, r, 2))
+        phi = sign * positions.to(torch.float32)[..., None] * theta
+        y = _rotate_pairs(x, first, second, phi)
+        y[..., :r] = (y[..., :r].to(torch.float32) * amplitude).to(x.dtype)
+        return y
+
+    return rope
+
+
+def _llama3_theta(r, positions, factor=8.0, low=1.0, high=4.0, old_context=8192):
+    theta = _theta(r, 500000.0).double()
+    wavelen = 2 * math.pi / theta
+    smooth = (old_context / wavelen - low) / (high - low)
+    mid = (1 - smooth) * theta / factor + smooth * theta
+    out = torch.where(wavelen > old_context / low, theta / factor, theta)
+    inside = (wavelen <= old_context / low) & (wavelen >= old_context / high)
+    return torch.where(inside, mid, out).float()
+
+
+def _dynamic_theta(r, positions, base=10000.0, factor=2.0, max_positions=2048):
+    seq_len = int(positions.max()) + 1
+    if seq_len > max_positions:
+        base = base * ((factor * seq_len / max_positions) - (factor - 1)) ** (r / (r - 2))
+    return _theta(r, base)
+
+
+def _mirror_pairs(r):
+    """Pairs (i, r - 1 - i): neither layout."""
+    return list(range(r // 2)), list(range(r - 1, r // 2 - 1, -1))
+
+
+CORRECT = {
+    "interleaved-500000": (make_rope("interleaved", 500000.0),
+                           dict(layout="interleaved", base=500000.0, rotary_dim=64)),
+    "half-partial-16": (make_rope("half", rotary_dim=16),
+                        dict(layout="half", base=10000.0, rotary_dim=16)),
+    "interleaved-partial-32-base-1e6": (make_rope("interleaved", 1e6, rotary_dim=32),
+                                        dict(layout="interleaved", base=1e6, rotary_dim=32)),
+    "linear-scale-4": (make_rope("half", scale=4.0),
+                       dict(layout="half", base=10000.0, scale=4.0)),
+}
+
+
+def _run(fn, name="inline", **options) -> Identification:
+    return identify(Target(name=name, fn=fn, **options), timeout=20)
+
+
+def _assert_named(ident: Identification, layout, base, rotary_dim=None, scale=1.0):
+    assert ident.rotary, ident.reasons
+    assert (ident.layout, ident.base, ident.scale) == (layout, base, scale), ident
+    assert ident.direction == "counter-clockwise"
+    assert ident.geometric and not ident.dynamic
+    if rotary_dim is not None:
+        assert ident.rotary_dim == rotary_dim
+    assert ident.confidence == "high", ident.evidence
+    assert ident.worst_ratio <= 1.0
+
+
+# --- built-ins ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+@pytest.mark.parametrize("base, rotary_dim", [(10000.0, None), (500000.0, 32), (1e6, 16)])
+def test_builtin_identified(name, base, rotary_dim):
+    ident = identify(builtin(name, base=base, rotary_dim=rotary_dim))
+    _assert_named(ident, BUILTINS[name][0], base, rotary_dim or ident.head_dim)
+    expected = f"--layout {BUILTINS[name][0]} --base {base:g}"
+    assert ident.flags == expected + (f" --rotary-dim {rotary_dim}" if rotary_dim else "")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_builtin_identified_in_low_precision(dtype):
+    """Probing in the only dtype a target declares: large positions pin the base even
+    when the matrices carry bfloat16 noise."""
+    target = builtin("rotate-half", base=500000.0).with_(dtypes=(dtype,))
+    ident = identify(target)
+    assert ident.dtype == dtype
+    assert (ident.layout, ident.base) == ("half", 500000.0), ident
+
+
+# --- correct inline variants ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_inline_variant_identified(name):
+    fn, expected = CORRECT[name]
+    _assert_named(_run(fn, name), expected["layout"], expected["base"],
+                  expected.get("rotary_dim"), expected.get("scale", 1.0))
+
+
+def test_custom_permutation_listed_exactly():
+    ident = _run(make_rope(pairs=_mirror_pairs))
+    assert ident.rotary and ident.layout is None and ident.flags == ""
+    d = ident.head_dim
+    assert ident.pairs == [(i, d - 1 - i) for i in range(d // 2)]
+    assert ident.base == 10000.0 and ident.geometric
+
+
+def test_clockwise_reported():
+    ident = _run(make_rope("interleaved", sign=-1.0))
+    assert ident.rotary and ident.direction == "clockwise (negated angles)"
+    assert (ident.layout, ident.base) == ("interleaved", 10000.0)
+
+
+def test_yarn_like_amplitude_reported():
+    ident = _run(make_rope("half", scale=8.0, amplitude=0.1 * math.log(8.0) + 1.0))
+    assert ident.rotary and ident.scaled_amplitude
+    assert ident.amplitude == pytest.approx(0.1 * math.log(8.0) + 1.0, rel=1e-6)
+    assert (ident.base, ident.scale) == (10000.0, 8.0)
+    assert "amplitude:" in ident.scaling and "linear:8" in ident.scaling
+
+
+def test_per_frequency_scaling_reported_as_table():
+    ident = _run(make_rope("interleaved", theta_fn=_llama3_theta), dtypes=("float32",))
+    assert ident.rotary and ident.layout == "interleaved" and not ident.geometric
+    assert ident.flags == "" and "per-frequency" in ident.scaling
+    np.testing.assert_allclose(ident.theta, _llama3_theta(ident.head_dim, None).double().numpy(),
+                               rtol=1e-5)
+
+
+def test_dynamic_base_detected():
+    ident = _run(make_rope("half", theta_fn=_dynamic_theta))
+    assert ident.rotary and ident.dynamic
+    assert (ident.layout, ident.base) == ("half", 10000.0)
+    r = ident.head_dim
+    grown = 10000.0 * (2.0 * (2**20 + 1) / 2048 - 1.0) ** (r / (r - 2))
+    assert ident.dynamic_base == pytest.approx(grown, rel=1e-3)
+
+
+# --- maps that are not rotary embeddings -------------------------------------------------
+
+def _sinusoidal(x, positions):
+    d = x.shape[-1]
+    phi = positions.to(torch.float32)[..., None] * _theta(d)
+    p = torch.cat((phi.sin(), phi.cos()), -1)[:, :, None, :]
+    return (x.to(torch.float32) + p).to(x.dtype)
+
+
+def _xpos(x, positions):
+    d = x.shape[-1]
+    zeta = (torch.arange(0, d, 2, dtype=torch.float32) + 0.4 * d) / (1.4 * d)
+    decay = zeta ** (positions.to(torch.float32)[..., None] / 512)
+    y = make_rope("interleaved")(x, positions).to(torch.float32)
+    return (y * decay.repeat_interleave(2, -1)[:, :, None, :]).to(x.dtype)
+
+
+def _rotated_basis(x, positions):
+    """Q^T R_m Q: a rotation for every m, but not of feature pairs."""
+    d = x.shape[-1]
+    q = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(1),
+                                    dtype=torch.float64))[0].to(x.dtype)
+    y = make_rope("half")(x @ q.T, positions)
+    return y @ q
+
+
+def _random_orthogonal(x, positions):
+    d = x.shape[-1]
+    q = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(2),
+                                    dtype=torch.float64))[0].to(x.dtype)
+    return make_rope("half")(x, positions) @ q
+
+
+def _nonlinear(x, positions):
+    return make_rope("half")(torch.tanh(x), positions)
+
+
+def _offset(x, positions):
+    return make_rope("half")(x, positions + 1)
+
+
+NOT_ROTARY = {
+    "additive sinusoidal": (_sinusoidal, ["f(0, m) = p_m", "additive"]),
+    "xPos": (_xpos, ["changes with the position", "xPos"]),
+    "identity": (lambda x, positions: x.clone(), ["does not depend on the position"]),
+    "rotation in another basis": (_rotated_basis, ["mix together", "not made of 2x2 rotations"]),
+    "random orthogonal": (_random_orthogonal, ["f(x, 0) is not a multiple of x"]),
+    "non-linear": (_nonlinear, ["not linear"]),
+    "positions off by one": (_offset, ["position 0 must be the identity"]),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_ROTARY))
+def test_not_rotary_refused(name):
+    fn, words = NOT_ROTARY[name]
+    ident = _run(fn, name)
+    assert not ident.rotary and ident.confidence == "none"
+    message = " ".join(ident.reasons)
+    for word in words:
+        assert word in message, message
+    assert ident.flags == ""
+
+
+def test_round_within_picks_fewest_digits():
+    assert round_within(10000.0 * (1 + 3e-6), 1e-5) == 10000.0
+    assert round_within(499998.0, 1e-5) == 500000.0
+    assert round_within(12345.678, 1e-9) == 12345.678
+
+
+# --- CLI ----------------------------------------------------------------------------------
+
+GOOD = textwrap.dedent('''
+    import torch
+
+    def rope(x, positions):
+        r = x.shape[-1]
+        theta = 1.0 / 500000.0 ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+        phi = positions.float()[..., None, None] * theta
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], r // 2, 2).contiguous())
+        out = torch.view_as_real(pairs * torch.polar(torch.ones_like(phi), phi))
+        return out.flatten(-2).to(x.dtype)
+''')
+ADDITIVE = textwrap.dedent('''
+    import torch
+
+    def rope(x, positions):
+        d = x.shape[-1]
+        phi = positions.float()[..., None] / 10000.0 ** (torch.arange(0, d, 2).float() / d)
+        return x + torch.cat((phi.sin(), phi.cos()), -1)[:, :, None, :].to(x.dtype)
+''')
+RAISES = "def rope(x, positions):\n    raise RuntimeError('no kernel for this input')\n"
+
+
+def _cli(tmp_path, source, *args):
+    path = tmp_path / "target.py"
+    path.write_text(source)
+    return CliRunner().invoke(main, ["identify", f"{path}:rope", *args])
+
+
+def test_cli_identifies_and_writes_json(tmp_path):
+    out = tmp_path / "id.json"
+    result = _cli(tmp_path, GOOD, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "flags: --layout interleaved --base 500000" in result.output
+    assert "confidence: high" in result.output
+    data = json.loads(out.read_text())["identification"]
+    assert data["layout"] == "interleaved" and data["base"] == 500000.0 and data["rotary"]
+
+
+def test_cli_refuses_additive_encoding(tmp_path):
+    result = _cli(tmp_path, ADDITIVE)
+    assert result.exit_code == 1, result.output
+    assert "not a rotary embedding" in result.output and "additive" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("source, spec_suffix, words", [
+    (RAISES, "", ["cannot identify target", "RuntimeError: no kernel for this input"]),
+    ("def rope(x, positions):\n    return x\n", ":missing", ["has no attribute"]),
+    ("def rope(x):\n    return x\n", "", ["must accept rope(x, positions)"]),
+    ("def rope(x, positions)\n", "", ["SyntaxError"]),
+])
+def test_cli_unusable_target_exits_2(tmp_path, source, spec_suffix, words):
+    path = tmp_path / "target.py"
+    path.write_text(source)
+    spec = f"{path}:rope" if not spec_suffix else f"{path}{spec_suffix}"
+    result = CliRunner().invoke(main, ["identify", spec])
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_builtin_by_name():
+    result = CliRunner().invoke(main, ["identify", "cached"])
+    assert result.exit_code == 0, result.output
+    assert "flags: --layout half --base 10000" in result.output
