@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import reference
+from ropecheck.kernels import target as triton_target
 from ropecheck.target import Convention, Target
 
 
@@ -123,6 +124,9 @@ BUILTINS = {
                       "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
+    "triton": ("half", triton_target.factory("half"), triton_target.description("half")),
+    "triton-interleaved": ("interleaved", triton_target.factory("interleaved"),
+                           triton_target.description("interleaved")),
 }
 DEFAULT_TARGET = "rotate-half"
 

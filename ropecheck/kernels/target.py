@@ -1,0 +1,32 @@
+"""The Triton kernel as built-in targets under the canonical contract rope(x, positions).
+
+Importing this module does not import triton: the factories do, so ``ropecheck list`` and
+the other built-ins work without it, and the targets say why they are unavailable."""
+
+from __future__ import annotations
+
+from ropecheck.kernels.triton_env import triton_missing
+
+_WHY_NOT = triton_missing()
+
+
+def description(layout: str) -> str:
+    text = f"fused Triton kernel ({layout} layout), angles reduced in float64"
+    return text + (f" [unavailable: {_WHY_NOT}]" if _WHY_NOT else "")
+
+
+def factory(layout: str):
+    """A BUILTINS factory (base, rotary_dim) -> rope(x, positions) for ``layout``."""
+
+    def make(base: float = 10000.0, rotary_dim=None):
+        if _WHY_NOT:
+            raise ValueError(f"the built-in Triton target is unavailable: {_WHY_NOT}")
+        from ropecheck.kernels.rope import apply_rope
+
+        def rope(x, positions):
+            return apply_rope(x, positions=positions, layout=layout, base=base,
+                              rotary_dim=rotary_dim)
+
+        return rope
+
+    return make
