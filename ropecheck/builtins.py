@@ -124,9 +124,7 @@ BUILTINS = {
                       "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
-    "triton": ("half", triton_target.factory("half"), triton_target.description("half")),
-    "triton-interleaved": ("interleaved", triton_target.factory("interleaved"),
-                           triton_target.description("interleaved")),
+    **triton_target.BUILTIN_ENTRIES,  # "triton", "triton-interleaved"
 }
 DEFAULT_TARGET = "rotate-half"
 

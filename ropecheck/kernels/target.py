@@ -30,3 +30,8 @@ def factory(layout: str):
         return rope
 
     return make
+
+
+# name -> (layout, factory, description), as ropecheck.builtins.BUILTINS holds them
+BUILTIN_ENTRIES = {name: (layout, factory(layout), description(layout))
+                   for name, layout in (("triton", "half"), ("triton-interleaved", "interleaved"))}
