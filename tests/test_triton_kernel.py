@@ -31,6 +31,13 @@ from ropecheck.tolerance import ErrorModel
 
 WHY_NOT = triton_missing()
 requires_triton = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted here
+
+
+@pytest.fixture(autouse=True)
+def on_device():
+    with torch.device(DEVICE):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +50,17 @@ def kernel():
 
 def _x(shape, dtype, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(DTYPES[dtype])
+    x = torch.randn(*shape, generator=generator, dtype=torch.float64, device="cpu")
+    return x.to(DTYPES[dtype]).to(DEVICE)
 
 
 def _strict_error(y, x, positions, convention, dtype):
     """max |y - y_ref| in units of the strict bound (arithmetic only, exact angles)."""
-    x64, p = x.double().numpy(), np.asarray(positions)
+    x64 = x.detach().double().cpu().numpy()
+    p = positions.cpu().numpy() if isinstance(positions, torch.Tensor) else np.asarray(positions)
     expected = convention.apply(x64, p)
     bound = ErrorModel(dtype).element_bound(x64, p, convention, strict=True)
-    return float((np.abs(y.double().numpy() - expected) / bound).max())
+    return float((np.abs(y.detach().double().cpu().numpy() - expected) / bound).max())
 
 
 LARGE = [[0, 1, 1023, 65504, 2**20 + 1, 2**24 - 1, 2**24],
@@ -80,8 +89,8 @@ def test_no_error_growth_with_position(kernel):
 
     def worst(fn, start):
         positions = np.arange(start, start + 256)[None, :]
-        y = fn(x, torch.from_numpy(positions))
-        return np.abs(y.double().numpy() - convention.apply(x.double().numpy(), positions)).max()
+        y = fn(x, torch.from_numpy(positions).to(DEVICE)).double().cpu().numpy()
+        return np.abs(y - convention.apply(x.double().cpu().numpy(), positions)).max()
 
     fused = lambda x, p: kernel.apply_rope(x, positions=p)
     near_2_10, near_2_24 = worst(fused, 2**10), worst(fused, 2**24 - 255)
@@ -219,7 +228,7 @@ def _broken_theta(kernel, monkeypatch):
 @pytest.mark.parametrize("breakage", [_broken_sign, _broken_theta], ids=["sign-flipped", "wrong-base"])
 def test_suite_catches_a_broken_kernel(kernel, monkeypatch, breakage):
     breakage(kernel, monkeypatch)
-    target = Target("broken-triton", lambda x, p: kernel.apply_rope(x, positions=p), Convention("half"))
+    target = Target("broken-triton", triton_target.factory("half")(), Convention("half"))
     result = run_property(PROPERTIES["reference"], target, "float32",
                           RunOptions(profile="ci", max_examples=5, timeout=60))
     assert result.status == "failed" and result.max_error > 1.0, result

@@ -22,8 +22,14 @@ def factory(layout: str):
         if _WHY_NOT:
             raise ValueError(f"the built-in Triton target is unavailable: {_WHY_NOT}")
         from ropecheck.kernels.rope import apply_rope
+        from ropecheck.kernels.triton_env import interpreted
 
         def rope(x, positions):
+            if x.device.type == "cpu" and not interpreted():
+                # compiled kernels need CUDA tensors: the suite's CPU inputs make the round trip
+                y = apply_rope(x.cuda(), positions=positions.cuda(), layout=layout, base=base,
+                               rotary_dim=rotary_dim)
+                return y.cpu()
             return apply_rope(x, positions=positions, layout=layout, base=base,
                               rotary_dim=rotary_dim)
 
