@@ -12,7 +12,7 @@ _WHY_NOT = triton_missing()
 
 def description(layout: str) -> str:
     text = f"fused Triton kernel ({layout} layout), angles reduced in float64"
-    return text + (f" [unavailable: {_WHY_NOT}]" if _WHY_NOT else "")
+    return text + (f"; unavailable: {_WHY_NOT}" if _WHY_NOT else "")  # no [..]: rich markup
 
 
 def factory(layout: str):
