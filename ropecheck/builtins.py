@@ -12,6 +12,7 @@ import torch
 
 import reference
 from reference.scaling import Scaling
+from ropecheck.kernels import target as triton_target
 from ropecheck.target import Convention, Target
 
 NO_SCALING = Scaling()
@@ -142,6 +143,7 @@ BUILTINS = {
                       "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
+    **triton_target.BUILTIN_ENTRIES,  # "triton", "triton-interleaved"
 }
 DEFAULT_TARGET = "rotate-half"
 

@@ -18,19 +18,9 @@ def _cuda() -> bool:
 
 
 def _triton_ready():
-    """Import triton, in interpreter mode when there is no GPU. Returns the device."""
-    import sys
-    if not _cuda():
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set; "
-                               "set TRITON_INTERPRET=1 in the environment")
-        os.environ["TRITON_INTERPRET"] = "1"
-    import triton  # noqa: F401
-    return "cuda" if _cuda() else "cpu"
-
-
-def _dtypes():
-    return ("float32", "float16", "bfloat16", "float64") if _cuda() else ("float32", "float16")
+    """Import triton, in interpreter mode when there is no GPU."""
+    from ropecheck.kernels.triton_env import import_triton
+    import_triton()
 
 
 def _hf_cos_sin(positions, rotary_dim: int, dtype, base: float = 10000.0):

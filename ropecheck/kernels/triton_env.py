@@ -1,0 +1,50 @@
+"""Import Triton the way ropecheck's kernels (and adapters of Triton-based libraries) need it.
+
+On a machine without CUDA, Triton kernels run only under its interpreter, which is chosen
+when ``TRITON_INTERPRET=1`` is in the environment *before* triton is imported (kernels
+defined after that run on CPU torch tensors, one Python program at a time).
+``import_triton()`` sets it in that case, so every importer of a Triton kernel goes
+through this one function.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+INSTALL_HINT = "pip install triton==3.9.0"
+
+
+def import_triton():
+    """Return the ``triton`` module, under the interpreter when CUDA is unavailable.
+
+    Raises ImportError with the install hint when triton is missing, and when triton was
+    already imported elsewhere without the interpreter on a machine without CUDA (its
+    kernels could not run)."""
+    import torch
+
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        if "triton" in sys.modules:
+            raise ImportError("triton was imported before ropecheck could set TRITON_INTERPRET=1, "
+                              "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
+                              "environment to run Triton kernels on CPU")
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+    except ImportError as exc:
+        raise ImportError(f"triton is not installed ({INSTALL_HINT}): {exc}") from exc
+    return triton
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels run under the interpreter (on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_missing() -> str | None:
+    """Why triton cannot be imported (None when it can), without importing it."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return f"triton is not installed ({INSTALL_HINT})"
+    return None
