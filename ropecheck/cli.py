@@ -12,10 +12,12 @@ import traceback
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, selected_properties
 from reference import LAYOUTS
+from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.output import print_failures, results_table, write_json, write_junit
@@ -78,9 +80,14 @@ def main():
               help="Seconds one call of the target may take.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
+@click.option("--known-failures", "known_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="TOML file of known failures (repeatable); they show as 'known', not failed.")
+@click.option("--no-known-failures", is_flag=True,
+              help="Ignore the known failures shipped with ropecheck for its adapters.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplace, profile, seed,
-          property_names, max_examples, timeout, json_path, junit_path, debug):
+          property_names, max_examples, timeout, json_path, junit_path, known_paths,
+          no_known_failures, debug):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
@@ -90,6 +97,8 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
         built = spec.build()
         dtype_list, explicit = resolve_dtypes(dtypes, built)
         properties = selected_properties(property_names)
+        defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
+        known = known_failures.load([*defaults, *known_paths])
     except UnusableTarget as exc:
         _fail(console, f"cannot load target {spec.name!r}: {exc}")
     except ValueError as exc:
@@ -119,7 +128,7 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
     extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
         ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else [])
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples)
-    session = Session(built, usable, properties, options,
+    session = Session(built, usable, properties, options, known=known,
                       reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized"))
     try:
@@ -156,19 +165,69 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
     sys.exit({"passed": EXIT_PASSED, "failed": EXIT_FAILED, "error": EXIT_UNUSABLE}[verdict])
 
 
-@main.command(name="list")
-def list_targets():
-    """List the built-in targets and their conventions."""
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="docs/report",
+              show_default=True, help="Folder for report.md, report.json and the plots.")
+@click.option("--target", "names", multiple=True, help="Only these targets (repeatable).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (repeatable).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default="ci", show_default=True)
+@click.option("--seed", type=int, help="Hypothesis seed (default: derandomized ci profile).")
+@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True)
+def report(out_dir, names, dtypes, profile, seed, timeout):
+    """Run the suite over every available target and write a conformance report
+    (markdown, JSON with an execution envelope, error-against-position plots)."""
+    from pathlib import Path
+
+    from ropecheck import report as conformance
+    from ropecheck.catalog import entries
+
     console = Console(highlight=False)
+    catalog = {e.name.split(" ")[0]: e for e in entries()}
+    unknown = [n for n in names if n not in catalog]
+    if unknown:
+        raise click.UsageError(f"unknown target(s): {', '.join(unknown)} (see `ropecheck list`)")
+    chosen = [n for n in catalog if (not names or n in names)]
+    dtype_list, _ = resolve_dtypes(dtypes, None) if dtypes else (None, False)
+    unavailable = {n: catalog[n].why_unavailable for n in chosen if not catalog[n].available}
+    options = RunOptions(profile=profile, seed=seed, timeout=timeout)
+    known = known_failures.load()
+    reports = []
+    for name in (n for n in chosen if n not in unavailable):
+        console.print(f"checking {name} ...")
+        reports.append(conformance.run_target(name, dtype_list, options, known))
+    words = ["ropecheck", "report", "--out", out_dir] + [w for n in names for w in ("--target", n)] \
+        + [w for d in dtypes for w in ("--dtype", d)] + (["--profile", profile] if profile != "ci" else []) \
+        + (["--seed", str(seed)] if seed is not None else [])
+    data = conformance.write(Path(out_dir), reports, unavailable,
+                             conformance.envelope(profile, seed), shlex.join(words))
+    failed = [n for n, t in data["targets"].items()
+              if any(s.get("verdict") in ("failed", "error") for s in t["dtypes"].values())]
+    console.print(f"wrote {out_dir}/report.md, report.json and plots: {len(reports)} targets, "
+                  f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else ""))
+
+
+@main.command(name="list")
+@click.option("--available", is_flag=True, help="Only the targets that can run here.")
+def list_targets(available):
+    """List every target: built-ins and third-party adapters, available or not (and why),
+    with the convention each declares and its capabilities."""
     from rich.table import Table
 
-    table = Table(title="built-in targets")
-    for column in ("name", "layout", "description"):
-        table.add_column(column)
-    for name, (layout, _, description) in BUILTINS.items():
-        marker = " (default)" if name == DEFAULT_TARGET else ""
-        table.add_row(name + marker, layout, description)
+    from ropecheck.catalog import entries
+
+    console = Console(highlight=False)
+    rows = [e for e in entries() if e.available or not available]
+    table = Table(title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
+                  title_justify="left", show_lines=False)
+    for column in ("name", "library", "convention", "capabilities", "status"):
+        table.add_column(column, overflow="fold")
+    for e in rows:
+        status = "[green]available[/]" if e.available else f"[dim]unavailable: {escape(e.why_unavailable)}[/]"
+        table.add_row(e.name, e.library, escape(e.convention), e.capabilities, status)
     console.print(table)
+    for e in rows:
+        if e.notes:
+            console.print(f"  {e.name}: {e.notes}", markup=False)
 
 
 # --- identify: infer a target's convention by probing it -------------------------------

@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"passed": "[green]pass[/]", "failed": "[bold red]FAIL[/]",
-                "skipped": "[dim]skip[/]", "error": "[bold magenta]ERROR[/]"}
+                "skipped": "[dim]skip[/]", "error": "[bold magenta]ERROR[/]",
+                "known": "[yellow]known[/]"}
 
 
 def _version(package: str) -> str:
@@ -31,9 +32,9 @@ def environment() -> dict:
 
 def _cell(result) -> str:
     text = STATUS_STYLE[result.status]
-    if result.max_error is not None and result.status in ("passed", "failed"):
+    if result.max_error is not None and result.status in ("passed", "failed", "known"):
         shown = f"{result.max_error:.2g}"
-        if result.status == "failed" and float(shown) <= 1.0:
+        if result.status != "passed" and float(shown) <= 1.0:
             shown = ">1"  # a failure just past the bound must not read as 1
         text += f" {shown}"
     return text
@@ -67,9 +68,10 @@ def results_table(session) -> Table:
 
 def print_failures(console: Console, session) -> None:
     for r in session.results:
-        if r.status not in ("failed", "error"):
+        if r.status not in ("failed", "error", "known"):
             continue
-        console.print(f"\n[bold red]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): "
+        colour = "yellow" if r.status == "known" else "bold red"
+        console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): "
                       f"{escape(r.formula)}", soft_wrap=True)
         console.print(f"  {r.message}", markup=False, highlight=False, soft_wrap=True)
         if r.counterexample:
@@ -113,7 +115,7 @@ def write_junit(path: str, session) -> None:
             node = ET.SubElement(case, "failure" if r.status == "failed" else "error",
                                  message=r.message[:500])
             node.text = "\n".join(filter(None, [r.formula, r.message, r.counterexample, r.reproduce]))
-        elif r.status == "skipped":
+        elif r.status in ("skipped", "known"):
             ET.SubElement(case, "skipped", message=r.message)
     tree = ET.ElementTree(suite)
     ET.indent(tree)

@@ -12,6 +12,7 @@ import torch
 
 from properties.checks import Property
 from properties.runner import Result, RunOptions, run_property
+from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
@@ -129,6 +130,7 @@ class Session:
     properties: list[Property]
     options: RunOptions = field(default_factory=RunOptions)
     reproduce: str = ""
+    known: list = field(default_factory=list)  # ropecheck.known_failures records
     results: list[Result] = field(default_factory=list)
     stopped: Optional[str] = None  # why the run stopped early
 
@@ -143,6 +145,7 @@ class Session:
                                     message=f"{exc}; the run was stopped here",
                                     counterexample=getattr(exc, "case", ""))
                     self.stopped = f"the target hung in {prop.name} ({dtype})"
+                result = known_failures.apply(self.target.name, [result], self.known)[0]
                 self.results.append(result)
                 on_result(result)
                 if self.stopped:

@@ -1,0 +1,62 @@
+"""Every target ropecheck knows: built-ins and third-party adapters, available or not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Optional
+
+from ropecheck.adapters import ADAPTERS
+from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str  # "built-in" | "adapter"
+    library: str
+    layout: str
+    convention: str  # the flags it declares
+    capabilities: str
+    description: str
+    why_unavailable: Optional[str]
+    notes: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.why_unavailable is None
+
+
+def library_version(library: str) -> str:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _capabilities(dtypes, backward, inplace, max_position) -> str:
+    parts = ["/".join(d.replace("float", "f").replace("bf", "bf") for d in dtypes)]
+    parts.append("backward" if backward else "no backward")
+    if inplace:
+        parts.append("in place")
+    if max_position is not None:
+        parts.append(f"positions <= {max_position}")
+    return ", ".join(parts)
+
+
+def entries() -> list[Entry]:
+    out = []
+    for name, (layout, _, description) in BUILTINS.items():
+        why = description.split("unavailable: ", 1)[1] if "unavailable: " in description else None
+        out.append(Entry(name + (" (default)" if name == DEFAULT_TARGET else ""), "built-in",
+                         "ropecheck", layout, f"--layout {layout} --base 10000",
+                         _capabilities(("float32", "bfloat16", "float16", "float64"), True, False, None),
+                         description.split("; unavailable")[0], why))
+    for adapter in ADAPTERS.values():
+        c = adapter.convention
+        out.append(Entry(adapter.name, "adapter", adapter.library,
+                         c.layout if c else "?", c.flags() if c else "",
+                         _capabilities(adapter.dtypes, adapter.backward, adapter.inplace,
+                                       adapter.max_position),
+                         adapter.description, adapter.why_unavailable(), adapter.notes))
+    return out
