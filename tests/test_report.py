@@ -1,0 +1,49 @@
+"""`ropecheck report`: markdown, JSON with its execution envelope, plots; a regeneration
+reproduces the JSON up to timing fields."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from ropecheck.cli import main
+
+
+def _strip_timing(value):
+    if isinstance(value, dict):
+        return {k: _strip_timing(v) for k, v in value.items() if k not in ("seconds", "generated")}
+    if isinstance(value, list):
+        return [_strip_timing(v) for v in value]
+    return value
+
+
+def _report(out):
+    """One regeneration = one process (as a user runs it)."""
+    result = subprocess.run([sys.executable, "-m", "ropecheck.cli", "report", "--out", str(out),
+                             "--target", "rotate-half", "--target", "cached", "--dtype", "float32"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def test_report_renders_and_regenerates(tmp_path):
+    first = _report(tmp_path / "a")
+    envelope = first["envelope"]
+    assert {"suite", "python", "torch", "device", "libraries", "profile", "seed"} <= set(envelope)
+    summary = first["targets"]["rotate-half"]["dtypes"]["float32"]
+    assert summary["verdict"] == "passed" and 0 < summary["max_normalised_error"] <= 1
+    assert summary["accuracy_horizon"] >= 1 and summary["error_profile"]["positions"][-1] > 2**20
+    assert set(summary["properties"]) >= {"reference", "relativity", "orthogonality"}
+    markdown = (tmp_path / "a" / "report.md").read_text()
+    assert "| `rotate-half` |" in markdown and "ropecheck report --out" in markdown
+    png = (tmp_path / "a" / "error_vs_position_float32.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _strip_timing(_report(tmp_path / "b")) == _strip_timing(first)
+
+
+def test_report_refuses_unknown_targets(tmp_path):
+    result = CliRunner().invoke(main, ["report", "--out", str(tmp_path), "--target", "nope"])
+    assert result.exit_code == 2 and "unknown target" in result.output
