@@ -33,6 +33,9 @@ class BuilderFamily:
     media: tuple  # segment kinds it accepts besides text
     promises: frozenset
     next_text: Callable  # (L, previous positions, medium segment, n_axes) -> first text position after
+    # Qwen2-VL wraps every medium in <|vision_start|> .. <|vision_end|> text tokens, and
+    # HF's get_rope_index groups adjacent media into one: draw media separated by text
+    adjacent_media: bool = True
 
 
 def _tie_next(L, prev, seg, n_axes):
@@ -54,7 +57,8 @@ FAMILIES = {
     "rope-tie": BuilderFamily("rope-tie", 2, ("image",), ALL - {"equivalence"}, _tie_next),
     "rope-tv": BuilderFamily("rope-tv", 2, ("image",), ALL, _tv_next),
     "rope-tv-3d": BuilderFamily("rope-tv", 3, ("image", "video"), ALL, _tv_next),
-    "mrope": BuilderFamily("mrope", 3, ("image", "video"), ALL - {"symmetry", "equivalence"}, _mrope_next),
+    "mrope": BuilderFamily("mrope", 3, ("image", "video"), ALL - {"symmetry", "equivalence"}, _mrope_next,
+                           adjacent_media=False),
 }
 
 
@@ -70,14 +74,15 @@ def family(name: str, n_axes: int | None = None) -> BuilderFamily:
 
 
 def segments_strategy(fam: BuilderFamily, text_around: bool = False):
-    text = st.tuples(st.just("text"), st.integers(0 if not text_around else 1, 4))
+    text = st.tuples(st.just("text"), st.integers(1 if text_around or not fam.adjacent_media else 0, 4))
     image = st.tuples(st.just("image"), st.integers(1, 4), st.integers(1, 4))
     video = st.tuples(st.just("video"), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3))
     media = st.one_of([s for k, s in (("image", image), ("video", video)) if k in fam.media])
-    if text_around:
+    if text_around or not fam.adjacent_media:
         return st.lists(media, min_size=1, max_size=3).flatmap(
             lambda ms: st.lists(text, min_size=len(ms) + 1, max_size=len(ms) + 1).map(
-                lambda ts: [seg for pair in zip(ts, ms + [None]) for seg in pair if seg is not None]))
+                lambda ts: [seg for pair in zip(ts, ms + [None]) for seg in pair if seg is not None]
+                [0 if text_around else 1:]))  # without text_around: may start with a medium
     return st.lists(st.one_of(text, media), max_size=5)
 
 

@@ -24,14 +24,13 @@ from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
 from properties.runner import RunOptions
 from reference import nd as ndref
 from ropecheck.adapters import ADAPTERS
+from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
 FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES)
 ND_DEFAULT_DTYPES = ("float32", "bfloat16")
 
-# adapters (ropecheck.adapters.*_nd) whose target is N-D: name -> the flags they imply
-ND_ADAPTERS: dict[str, dict] = {}
 
 
 class FamilyError(ValueError):

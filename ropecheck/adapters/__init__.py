@@ -3,3 +3,5 @@
 from ropecheck.adapters.registry import ADAPTERS, Adapter, register
 
 __all__ = ["ADAPTERS", "Adapter", "register"]
+
+from ropecheck.adapters import transformers_nd  # noqa: E402,F401  (N-D records; imports nothing heavy)
