@@ -4,3 +4,5 @@ from ropecheck.adapters.registry import ADAPTERS, Adapter, register
 from ropecheck.adapters import hf, others, triton_kernels  # noqa: E402,F401  (register their records)
 
 __all__ = ["ADAPTERS", "Adapter", "register"]
+
+from ropecheck.adapters import transformers_nd  # noqa: E402,F401  (N-D records; imports nothing heavy)

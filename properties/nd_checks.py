@@ -1,0 +1,311 @@
+"""Property checks of N-D rotary embeddings: ``rope(x, positions)`` with x (batch, seq,
+heads, head_dim) and positions int64 (batch, seq, n_axes).
+
+The N-D map is R_x = expm(sum_k x_k B_k); what makes it RoPE (seed, 2-D section):
+- relativity per axis and jointly: <f(q, P), f(k, P)> unchanged when P -> P + c e_k, or
+  P -> P + c (all axes at once): needs skew-symmetric, commuting generators;
+- commutation (group law): f(f(x, P), Q) = f(x, P + Q), i.e. R_P R_Q = R_{P+Q}: fails for
+  non-commuting generators;
+- invertibility: P is recoverable, so f(x, P + e_k) != f(x, P) and f(x, P + e_j - e_k) !=
+  f(x, P): the seed's R_{x+y} (eq. 14) fails the second;
+- identity, orthogonality; and with a declared ``PairRotation`` the float64 reference.
+
+Tolerances are the 1-D model applied per axis (``ropecheck.tolerance``): pair p, driven by
+axis k, may err by rho (K_OPS u + dphi_p), dphi_p = 2^-24 |x_k| theta_p (2 e_p ln b + 6)
+with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x_k|.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from hypothesis import given, seed as hypothesis_seed, strategies as st
+
+from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from properties.cases import as_float64
+from properties.runner import Result, RunOptions
+from reference.nd import PairRotation
+from ropecheck.calling import Caller, CallError
+from ropecheck.dtypes import torch_dtype
+from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
+
+ND_MAX_POSITION = 2**16
+
+
+@dataclass
+class NDTarget:
+    name: str
+    fn: Callable
+    n_axes: int
+    convention: Optional[PairRotation] = None
+    head_dims: tuple = ()  # head sizes it accepts
+    dtypes: tuple = ("float32", "bfloat16", "float16", "float64")
+    inplace: bool = False
+    description: str = ""
+
+    def __call__(self, x, positions):
+        return self.fn(x, positions)
+
+
+@dataclass(frozen=True)
+class NDCase:
+    dtype: str
+    shape: tuple  # (batch, seq, heads, head_dim)
+    positions: tuple  # nested (batch, seq, n_axes)
+    seed: int = 0
+
+    def positions_array(self) -> np.ndarray:
+        b, s = self.shape[:2]
+        return np.asarray(self.positions, dtype=np.int64).reshape(b, s, -1)
+
+    def tensor(self, salt: int = 0) -> torch.Tensor:
+        v = np.random.default_rng([self.seed, salt]).standard_normal(self.shape)
+        return torch.from_numpy(v).to(torch_dtype(self.dtype))
+
+    def describe(self) -> str:
+        return (f"x: shape {self.shape} {self.dtype}, seed {self.seed}; positions "
+                f"{self.positions_array().tolist()}")
+
+
+def nd_cases(target: NDTarget, dtype: str):
+    @st.composite
+    def draw(d):
+        b, s, h = d(st.integers(1, 2)), d(st.integers(1, 4)), d(st.integers(1, 2))
+        head_dim = d(st.sampled_from(target.head_dims))
+        base = d(st.sampled_from((0, 0, 7, 1000, ND_MAX_POSITION // 2)))
+        p = d(st.lists(st.integers(0, 64), min_size=b * s * target.n_axes, max_size=b * s * target.n_axes))
+        p = (np.asarray(p, dtype=np.int64) + base).reshape(b, s, target.n_axes)
+        return NDCase(dtype, (b, s, h, head_dim), tuple(map(tuple, p.reshape(b * s, -1).tolist())),
+                      d(st.integers(0, 2**16)))
+    return draw()
+
+
+@dataclass
+class NDContext:
+    target: NDTarget
+    dtype: str
+    timeout: Optional[float] = 20.0
+    rope: Caller = field(init=False)
+    model: ErrorModel = field(init=False)
+
+    def __post_init__(self):
+        self.rope = Caller(self.target, self.timeout)
+        self.model = ErrorModel(self.dtype)
+
+    def f(self, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+        return as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64))))
+
+    def eps(self, positions: np.ndarray) -> np.ndarray:
+        """Allowed error per unit head-vector norm, generic angle term: (b, s, 1)."""
+        return self.model.vector_unit_bound(np.abs(positions).max(-1))
+
+
+def _norms(v):
+    return np.linalg.norm(v, axis=-1)
+
+
+@dataclass(frozen=True)
+class NDProperty:
+    name: str
+    formula: str
+    check: Callable  # check(ctx, case, **extras) -> float
+    extras: Callable = lambda ctx, case: st.just({})
+    needs_convention: bool = False
+    min_axes: int = 1
+
+
+ND_PROPERTIES: dict[str, NDProperty] = {}
+
+
+def nd_register(**kwargs):
+    def wrap(check):
+        ND_PROPERTIES[kwargs["name"]] = NDProperty(check=check, **kwargs)
+        return check
+    return wrap
+
+
+@nd_register(name="contract", formula="y = f(x, P) has x's shape and dtype, is finite, leaves x and P untouched")
+def nd_contract(ctx: NDContext, case: NDCase) -> float:
+    ctx.rope(case.tensor(), torch.from_numpy(case.positions_array()))  # the Caller checks all of it
+    return 0.0
+
+
+@nd_register(name="identity", formula="f(x, 0) = x")
+def nd_identity(ctx: NDContext, case: NDCase) -> float:
+    x = case.tensor()
+    x64, p = as_float64(x), np.zeros_like(case.positions_array())
+    bound = ctx.model.vector_bound(_norms(x64), p[..., 0])
+    return assert_close(_norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D,
+                        what="|f(x, 0) - x| per head vector")
+
+
+@nd_register(name="orthogonality", formula="|f(x, P)| = |x|")
+def nd_orthogonality(ctx: NDContext, case: NDCase) -> float:
+    x, p = case.tensor(), case.positions_array()
+    x64 = as_float64(x)
+    return assert_close(_norms(ctx.f(x, p)), _norms(x64), ctx.model.norm_bound(_norms(x64)),
+                        axes=AXES_3D, what="|f(x, P)| = |x| per head vector")
+
+
+def _scores(ctx, q, k, p):
+    fq, fk = ctx.f(q, p), ctx.f(k, p)
+    s = np.einsum("bihd,bjhd->bhij", fq, fk)
+    e = ctx.eps(p)[..., 0]  # (b, s)
+    nq, nk = _norms(as_float64(q)), _norms(as_float64(k))  # (b, s, h)
+    bound = np.einsum("bih,bjh->bhij", nq, nk) * (e[:, None, :, None] + e[:, None, None, :])
+    return s, bound
+
+
+def _relativity(ctx: NDContext, case: NDCase, shift: np.ndarray, what: str) -> float:
+    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
+    s0, b0 = _scores(ctx, q, k, p)
+    s1, b1 = _scores(ctx, q, k, p + shift)
+    return assert_close(s1, s0, b0 + b1 + 2 * ctx.model.floor, axes=("batch", "head", "query", "key"), what=what)
+
+
+def _shift_extra(ctx, case):
+    top = ND_MAX_POSITION * 2 - int(case.positions_array().max())
+    return st.fixed_dictionaries({"axis": st.integers(0, ctx.target.n_axes - 1),
+                                  "c": st.integers(1, max(top, 1))})
+
+
+@nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
+             extras=_shift_extra)
+def nd_relativity_axis(ctx: NDContext, case: NDCase, axis: int, c: int) -> float:
+    shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
+    shift[axis] = c
+    return _relativity(ctx, case, shift, f"scores after shifting axis {axis} by {c}")
+
+
+@nd_register(name="relativity-joint", formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
+             extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
+                 st.integers(-int(case.positions_array().min()), 4096), min_size=ctx.target.n_axes,
+                 max_size=ctx.target.n_axes)}))
+def nd_relativity_joint(ctx: NDContext, case: NDCase, c: list) -> float:
+    return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
+
+
+@nd_register(name="commutation", formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
+             extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
+                 st.integers(0, 4096), min_size=ctx.target.n_axes, max_size=ctx.target.n_axes)}))
+def nd_commutation(ctx: NDContext, case: NDCase, q: list) -> float:
+    x, p = case.tensor(), case.positions_array()
+    q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
+    once = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
+    twice = ctx.f(once, q)
+    direct = ctx.f(x, p + q)
+    n = _norms(as_float64(x))
+    bound = n * (ctx.eps(p) + ctx.eps(q) + ctx.eps(p + q))[..., 0][..., None] + 3 * ctx.model.floor
+    return assert_close(_norms(twice - direct), 0.0, bound, positions=None, axes=AXES_3D,
+                        what="|f(f(x, P), Q) - f(x, P + Q)| per head vector")
+
+
+INVERTIBILITY_STEP = 1009  # a step every axis resolves: c theta_p moves even its low-frequency pairs (prime: no period)
+
+
+@nd_register(name="invertibility",
+             formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
+                     "u = (1, .., 1), c = 1009")
+def nd_invertibility(ctx: NDContext, case: NDCase) -> float:
+    c = INVERTIBILITY_STEP
+    p = case.positions_array() + c  # keeps P + c (e_j - e_k) >= 0
+    x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
+    n_axes = ctx.target.n_axes
+    base = ctx.f(x, p)
+    noise = 2 * (ctx.eps(p + c)[..., 0][..., None] * _norms(as_float64(x))) + 2 * ctx.model.floor
+    eye = np.eye(n_axes, dtype=np.int64) * c
+    steps = [eye[k] for k in range(n_axes)] + [eye[j] - eye[k] for j in range(n_axes) for k in range(j + 1, n_axes)]
+    worst = 0.0
+    for step in steps:
+        moved = ctx.f(x, p + step)
+        worst = max(worst, assert_distinct(_norms(moved - base), 0.0, noise, axes=AXES_3D,
+                                           what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost"))
+    return worst
+
+
+@nd_register(name="reference", formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
+             needs_convention=True)
+def nd_reference(ctx: NDContext, case: NDCase) -> float:
+    conv = ctx.target.convention
+    x, p = case.tensor(), case.positions_array()
+    x64 = as_float64(x)
+    expected = conv.apply(x64, p)
+    bound = element_bound(ctx.model, conv, x64, p)
+    return assert_close(ctx.f(x, p), expected, bound, axes=("batch", "seq", "head", "feature"),
+                        what=f"f(x, P) vs the float64 reference ({conv.description})")
+
+
+def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The 1-D tolerance per axis: rho (K_OPS u + dphi_p) + floor on rotated pairs, one output
+    rounding on pass-through features."""
+    i, j, _, theta = conv.arrays
+    m = np.abs(conv.pair_positions(p)).astype(np.float64)[:, :, None, :]  # (b, s, 1, pairs)
+    dphi = U32 * m * theta * (2.0 * np.maximum(-np.log(theta), 0.0) + ANGLE_CONST)
+    pair = model.pair_bound(conv.pair_norms(x64), dphi)
+    bound = np.abs(x64) * model.output_unit + model.floor
+    bound[..., i] = pair
+    bound[..., j] = pair
+    return bound
+
+
+# --- running ------------------------------------------------------------------------
+
+def run_simple(name: str, formula: str, strategy, check: Callable, options: RunOptions, dtype: str,
+               reproduce: str = "") -> Result:
+    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``; the last
+    failing draw hypothesis tried is its minimal one."""
+    result = Result(name, dtype, "passed", formula)
+    seen = {"failing": None, "error": None, "max": 0.0, "count": 0}
+
+    def attempt(drawn):
+        seen["count"] += 1
+        try:
+            error = check(drawn)
+        except Exception as failure:
+            seen["failing"], seen["error"] = drawn, failure
+            raise
+        seen["max"] = max(seen["max"], float(error))
+
+    test = options.settings()(given(strategy)(attempt))
+    if options.seed is not None:
+        test = hypothesis_seed(options.seed)(test)
+    start = time.perf_counter()
+    try:
+        test()
+    except Exception:
+        exc = seen["error"]
+        known = isinstance(exc, (CheckFailure, CallError))
+        result.status = "failed" if known else "error"
+        result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
+        result.max_error = getattr(exc, "error", None)
+        drawn = seen["failing"]
+        result.counterexample = "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
+                                          for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
+        result.reproduce = reproduce
+    else:
+        result.max_error = seen["max"]
+    result.examples = seen["count"]
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def run_nd_property(prop: NDProperty, target: NDTarget, dtype: str, options: RunOptions,
+                    reproduce: str = "") -> Result:
+    if prop.needs_convention and target.convention is None:
+        return Result(prop.name, dtype, "skipped", prop.formula, message="needs a declared convention")
+    ctx = NDContext(target, dtype, options.timeout)
+
+    @st.composite
+    def inputs(d):
+        case = d(nd_cases(target, dtype))
+        return case, d(prop.extras(ctx, case))
+
+    def check(drawn):
+        case, extras = drawn
+        return prop.check(ctx, case, **extras)
+
+    return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)

@@ -1,0 +1,207 @@
+"""Float64 reference for N-D rotary position embeddings (seed: 2-D RoPE via matrix exponentials).
+
+A position is a vector (x_1, .., x_n) and R_x = expm(sum_k x_k B_k). Relativity,
+R_x^T R_y = R_{y-x}, holds when every B_k is skew-symmetric and the B_k commute pairwise;
+invertibility (x recoverable from R_x) needs them to act independently. Every scheme in
+use is the block-diagonal solution: each rotated pair p of features (first_p, second_p)
+turns by phi_p = x_{axis_p} theta_p. ``PairRotation`` describes such a map by its pairs;
+two constructors give the schemes in use:
+
+- ``axial``: features split into per-axis blocks, a 1-D RoPE (layout, base or theta) in
+  each block (timm, rotary-embedding-torch, the seed's RoPE-2D);
+- ``mrope``: one 1-D RoPE over the whole head (theta_i = base^(-2i/d)) whose pairs are
+  assigned to axes by frequency sections, in units of pairs (Qwen2-VL: [16, 24, 24] for
+  head_dim 128, half layout).
+
+``rotation_expm`` computes the general case with ``scipy.linalg.expm`` after
+``validate_generators``; it agrees with ``PairRotation.apply`` on the block-diagonal one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import scipy.linalg
+
+from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
+
+
+class GeneratorError(ValueError):
+    """Generators that cannot give a relative N-D RoPE (not skew-symmetric, or not commuting)."""
+
+
+@dataclass(frozen=True)
+class PairRotation:
+    """An N-D RoPE as a list of rotated pairs: pair p turns features (first[p], second[p])
+    counter-clockwise by positions[..., axis[p]] * theta[p]. Features in no pair pass through."""
+
+    head_dim: int
+    n_axes: int
+    first: tuple
+    second: tuple
+    axis: tuple
+    theta: tuple
+    description: str = ""
+
+    def __post_init__(self):
+        used = list(self.first) + list(self.second)
+        if len(set(used)) != len(used) or (used and (min(used) < 0 or max(used) >= self.head_dim)):
+            raise ValueError("pairs must use distinct features inside head_dim")
+        if not (len(self.first) == len(self.second) == len(self.axis) == len(self.theta)):
+            raise ValueError("first, second, axis and theta must have one entry per pair")
+        if any(not 0 <= a < self.n_axes for a in self.axis):
+            raise ValueError(f"pair axes must lie in 0 .. {self.n_axes - 1}")
+
+    @property
+    def arrays(self):
+        return (np.asarray(self.first), np.asarray(self.second), np.asarray(self.axis),
+                np.asarray(self.theta, dtype=np.float64))
+
+    def pair_positions(self, positions) -> np.ndarray:
+        """x_{axis_p} for every pair: shape (*positions.shape[:-1], n_pairs)."""
+        m = np.asarray(positions)
+        if m.shape[-1:] != (self.n_axes,):
+            raise ValueError(f"positions must end in an axis of size {self.n_axes}, got shape {m.shape}")
+        return m[..., self.arrays[2]]
+
+    def angles(self, positions) -> np.ndarray:
+        """phi_p = x_{axis_p} theta_p in float64 (exact integer or half-integer positions)."""
+        return self.pair_positions(positions).astype(np.float64) * self.arrays[3]
+
+    def apply(self, x, positions, *, inverse: bool = False) -> np.ndarray:
+        """R_x v for v = x (batch, seq, heads, head_dim) at positions (batch, seq, n_axes)."""
+        x = np.asarray(x, dtype=np.float64)
+        m = np.asarray(positions)
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"this convention has head_dim {self.head_dim}, got x of shape {x.shape}")
+        phi = self.angles(-m if inverse else m)
+        phi = phi.reshape(phi.shape[:-1] + (1,) * (x.ndim - phi.ndim) + phi.shape[-1:])
+        i, j, _, _ = self.arrays
+        a, b = x[..., i], x[..., j]
+        y = x.copy()
+        y[..., i] = a * np.cos(phi) - b * np.sin(phi)
+        y[..., j] = a * np.sin(phi) + b * np.cos(phi)
+        return y
+
+    def generators(self) -> list:
+        """B_k (head_dim x head_dim), skew-symmetric, with R_x = expm(sum_k x_k B_k)."""
+        i, j, axis, theta = self.arrays
+        out = []
+        for k in range(self.n_axes):
+            b = np.zeros((self.head_dim, self.head_dim))
+            sel = axis == k
+            b[j[sel], i[sel]] = theta[sel]
+            b[i[sel], j[sel]] = -theta[sel]
+            out.append(b)
+        return out
+
+    def pair_norms(self, x) -> np.ndarray:
+        i, j, _, _ = self.arrays
+        x = np.asarray(x, dtype=np.float64)
+        return np.hypot(x[..., i], x[..., j])
+
+
+def _split(values: Optional[Sequence], n: int, default, what: str) -> list:
+    if values is None:
+        return [default] * n
+    values = list(values)
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ValueError(f"{what}: expected 1 or {n} values (one per axis), got {len(values)}")
+    return values
+
+
+def axial(head_dim: int, n_axes: int, *, layout: str = "interleaved", base=DEFAULT_BASE,
+          split: Optional[Sequence[int]] = None, thetas: Optional[Sequence] = None) -> PairRotation:
+    """Features split into consecutive per-axis blocks (``split``: features per axis, even,
+    default head_dim / n_axes each); block k is a 1-D RoPE of its own width with
+    ``layout`` and theta_i = base_k^(-2i/width) (``base``: one value or one per axis), or
+    the given per-axis ``thetas``. Features past the blocks pass through."""
+    check_layout(layout)
+    if n_axes < 1:
+        raise ValueError(f"n_axes must be >= 1, got {n_axes}")
+    if split is None:
+        if head_dim % (2 * n_axes):
+            raise ValueError(f"head_dim {head_dim} does not split into {n_axes} even blocks")
+        split = [head_dim // n_axes] * n_axes
+    split = _split(split, n_axes, None, "split")
+    if any(w <= 0 or w % 2 for w in split) or sum(split) > head_dim:
+        raise ValueError(f"split {split}: each block must be even and positive, in all <= head_dim {head_dim}")
+    bases = _split(None if isinstance(base, (int, float)) else base, n_axes, base, "base")
+    first, second, axis, theta = [], [], [], []
+    start = 0
+    for k, width in enumerate(split):
+        i, j = pair_indices(width, layout)
+        t = inv_freq(width, float(bases[k])) if thetas is None else np.asarray(thetas[k], np.float64)
+        if t.shape != (width // 2,):
+            raise ValueError(f"axis {k}: {width // 2} frequencies expected, got {t.shape}")
+        first += (i + start).tolist(); second += (j + start).tolist()
+        axis += [k] * (width // 2); theta += t.tolist()
+        start += width
+    return PairRotation(head_dim, n_axes, tuple(first), tuple(second), tuple(axis), tuple(theta),
+                        f"axial {n_axes}-D, split {list(split)}, {layout}")
+
+
+def mrope(sections: Sequence[int], *, layout: str = "half", base: float = DEFAULT_BASE,
+          head_dim: Optional[int] = None) -> PairRotation:
+    """Qwen2-VL M-RoPE: one 1-D RoPE over d = 2 * sum(sections) features (theta_i =
+    base^(-2i/d), ``layout``); pairs 0 .. s_0 - 1 are driven by axis 0 (t), the next s_1
+    by axis 1 (h), and so on."""
+    sections = [int(s) for s in sections]
+    if not sections or any(s < 0 for s in sections) or sum(sections) == 0:
+        raise ValueError(f"sections must be non-negative pair counts, not all zero: {sections}")
+    d = 2 * sum(sections)
+    head_dim = d if head_dim is None else head_dim
+    if head_dim < d:
+        raise ValueError(f"sections {sections} need head_dim >= {d}, got {head_dim}")
+    i, j = pair_indices(d, layout)
+    axis = np.repeat(np.arange(len(sections)), sections)
+    return PairRotation(head_dim, len(sections), tuple(i.tolist()), tuple(j.tolist()),
+                        tuple(axis.tolist()), tuple(inv_freq(d, base).tolist()),
+                        f"M-RoPE sections {sections}, {layout}")
+
+
+# --- the general case: expm of a sum of generators ---------------------------------
+
+def validate_generators(generators, *, atol: float = 1e-12) -> list:
+    """The seed's relativity constraints: every B_k skew-symmetric (B^T = -B) and every two
+    commuting (B_j B_k = B_k B_j). Raises GeneratorError saying which fails."""
+    gens = [np.asarray(b, dtype=np.float64) for b in generators]
+    if not gens:
+        raise GeneratorError("no generators given")
+    d = gens[0].shape
+    for k, b in enumerate(gens):
+        if b.ndim != 2 or b.shape[0] != b.shape[1] or b.shape != d:
+            raise GeneratorError(f"B_{k + 1} must be square and of the same size as B_1, got {b.shape}")
+        scale = max(1.0, np.abs(b).max())
+        if np.abs(b + b.T).max() > atol * scale:
+            raise GeneratorError(f"B_{k + 1} is not skew-symmetric: max |B + B^T| = {np.abs(b + b.T).max():.3g}"
+                                 " (relativity needs B^T = -B)")
+    for j in range(len(gens)):
+        for k in range(j + 1, len(gens)):
+            c = gens[j] @ gens[k] - gens[k] @ gens[j]
+            scale = max(1.0, np.abs(gens[j]).max() * np.abs(gens[k]).max())
+            if np.abs(c).max() > atol * scale:
+                raise GeneratorError(f"B_{j + 1} and B_{k + 1} do not commute: max |B_{j + 1} B_{k + 1} - "
+                                     f"B_{k + 1} B_{j + 1}| = {np.abs(c).max():.3g} (relativity needs "
+                                     "commuting generators)")
+    return gens
+
+
+def rotation_expm(position, generators, *, validate: bool = True) -> np.ndarray:
+    """R_x = expm(sum_k x_k B_k) for one position vector x. ``validate=False`` skips the
+    checks (to exhibit what goes wrong with bad generators)."""
+    gens = validate_generators(generators) if validate else [np.asarray(b, np.float64) for b in generators]
+    position = np.asarray(position, dtype=np.float64).reshape(-1)
+    if position.shape != (len(gens),):
+        raise ValueError(f"position needs {len(gens)} coordinates, got {position.shape[0]}")
+    return scipy.linalg.expm(sum(x * b for x, b in zip(position, gens)))
+
+
+def apply_sum_rotation(x, positions, *, layout: str = "interleaved", base: float = DEFAULT_BASE) -> np.ndarray:
+    """The seed's eq. 14: every pair of a 1-D RoPE turned by (x_1 + .. + x_n) theta_i."""
+    from reference.rope import apply_rope
+    return apply_rope(x, np.asarray(positions).sum(-1), layout=layout, base=base)

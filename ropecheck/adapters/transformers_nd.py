@@ -1,0 +1,80 @@
+"""HF transformers Qwen2-VL M-RoPE: ``Qwen2VLRotaryEmbedding`` (sections from
+``rope_parameters["mrope_section"]``) + ``apply_rotary_pos_emb`` as an N-D rotation target,
+and ``Qwen2VLModel.get_rope_index`` as a position builder. Built from a tiny
+``Qwen2VLConfig``, never from the hub."""
+
+from __future__ import annotations
+
+from ropecheck.adapters.registry import Adapter, register
+from ropecheck.adapters.nd_registry import ND_ADAPTERS
+
+INSTALL = "pip install transformers==5.23.0 torch==2.13.0"
+SECTIONS = (2, 3, 3)  # head_dim 16: small and fast; [16, 24, 24] is the same code path
+IMAGE_TOKEN, VIDEO_TOKEN = 151655, 151656
+
+
+def _config():
+    from transformers import Qwen2VLConfig
+    return Qwen2VLConfig(text_config={"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+                                      "head_dim": 2 * sum(SECTIONS), "num_hidden_layers": 1,
+                                      "intermediate_size": 32, "vocab_size": 151700,
+                                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                          "mrope_section": list(SECTIONS)}},
+                         vision_config={"depth": 1, "embed_dim": 16, "num_heads": 2, "hidden_size": 64,
+                                        "spatial_merge_size": 1})
+
+
+def build_mrope():
+    import torch
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as q
+
+    config = _config()
+    emb = q.Qwen2VLRotaryEmbedding(config.get_text_config())
+
+    def rope(x, positions):  # x (b, s, h, d); positions (b, s, 3) as (t, h, w)
+        cos, sin = emb(x, positions.permute(2, 0, 1))
+        y, _ = q.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos, sin, unsqueeze_dim=1)
+        return y.transpose(1, 2)
+    return rope
+
+
+def build_rope_index():
+    import numpy as np
+    import torch
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as q
+
+    model = q.Qwen2VLModel(_config()).eval()
+
+    def build_positions(segments):
+        ids, types, images, videos = [], [], [], []
+        for seg in segments:
+            n = int(np.prod(seg[1:]))
+            kind = {"text": 0, "image": 1, "video": 2}[seg[0]]
+            ids += [{0: 0, 1: IMAGE_TOKEN, 2: VIDEO_TOKEN}[kind]] * n
+            types += [kind] * n
+            if kind == 1:
+                images.append([1, seg[1], seg[2]])
+            elif kind == 2:
+                videos.append(list(seg[1:]))
+        if not ids:
+            return np.zeros((0, 3), dtype=np.int64)
+        if not images and not videos:  # HF: text-only positions come from the model, 0 .. n-1
+            return np.repeat(np.arange(len(ids))[:, None], 3, axis=1)
+        pos, _ = model.get_rope_index(torch.tensor([ids]), torch.tensor([types]),
+                                      torch.tensor(images) if images else None,
+                                      torch.tensor(videos) if videos else None)
+        return pos[:, 0].T.numpy()
+    return build_positions
+
+
+register(Adapter(name="hf-qwen2vl-mrope", library="transformers", build=build_mrope, convention=None,
+                 description=f"HF Qwen2VLRotaryEmbedding + apply_rotary_pos_emb, mrope_section {list(SECTIONS)} "
+                             "(N-D: --family mrope)",
+                 modules=("transformers",), install=INSTALL, backward=False,
+                 notes="N-D target: positions (batch, seq, 3)"))
+register(Adapter(name="hf-qwen2vl-rope-index", library="transformers", build=build_rope_index, convention=None,
+                 description="HF Qwen2VLModel.get_rope_index as a position builder (--family mrope-builder)",
+                 modules=("transformers",), install=INSTALL, backward=False,
+                 notes="builder: build_positions(segments)"))
+ND_ADAPTERS["hf-qwen2vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
+ND_ADAPTERS["hf-qwen2vl-rope-index"] = {"family": "mrope-builder"}

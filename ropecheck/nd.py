@@ -1,0 +1,227 @@
+"""N-D, multimodal and builder targets: ``ropecheck check TARGET --family F``.
+
+Families and what TARGET must be:
+- ``axial`` (``--axes N``, ``--layout``, ``--base``, ``--split``): ``rope(x, positions)``,
+  positions int64 (batch, seq, N); features split into N consecutive blocks (``--split``:
+  features per block; default equal), a 1-D RoPE of its own width in each block.
+- ``mrope`` (``--sections 16,24,24``, ``--layout``, ``--base``): ``rope(x, positions)``,
+  positions int64 (batch, seq, len(sections)); one 1-D RoPE over head_dim = 2 * sum(sections),
+  pair i driven by the axis its section assigns (HF Qwen2-VL: half layout).
+- ``nd`` (``--axes N``): spec-free N-D checks only (no reference).
+- ``rope-tie-builder``, ``rope-tv-builder`` (``--axes 2`` or ``3``), ``mrope-builder``:
+  ``build_positions(segments) -> array (tokens, n_axes)`` (``reference.multimodal``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional
+
+from properties import builder_checks
+from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
+from properties.runner import RunOptions
+from reference import nd as ndref
+from ropecheck.adapters import ADAPTERS
+from ropecheck.adapters.nd_registry import ND_ADAPTERS
+
+ROTATION_FAMILIES = ("axial", "mrope", "nd")
+BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
+FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES)
+ND_DEFAULT_DTYPES = ("float32", "bfloat16")
+
+
+
+class FamilyError(ValueError):
+    """Bad family flags or an unloadable target (exit 2)."""
+
+
+def parse_ints(text: Optional[str], what: str) -> Optional[list]:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        raise FamilyError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise FamilyError(f"{what} is empty")
+    return values
+
+
+def parse_bases(text) -> object:
+    if text is None:
+        return 10000.0
+    try:
+        values = [float(v) for v in str(text).split(",") if v]
+    except ValueError:
+        raise FamilyError(f"--base must be a number or one per axis, got {text!r}") from None
+    if any(not v > 1 for v in values):
+        raise FamilyError(f"--base must be > 1, got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+@dataclass
+class FamilySpec:
+    target: str
+    family: str
+    axes: Optional[int] = None
+    sections: Optional[str] = None
+    split: Optional[str] = None
+    layout: Optional[str] = None
+    base: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+    def flags(self) -> list:
+        words = ["--family", self.family]
+        for flag, value in (("--axes", self.axes), ("--sections", self.sections), ("--split", self.split),
+                            ("--layout", self.layout), ("--base", self.base)):
+            if value is not None:
+                words += [flag, str(value)]
+        return words
+
+    def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
+        """(n_axes, reference convention or None, head sizes to draw)."""
+        try:
+            if self.family == "mrope":
+                sections = parse_ints(self.sections, "--sections")
+                if sections is None:
+                    raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
+                conv = ndref.mrope(sections, layout=self.layout or "half", base=float(parse_bases(self.base)))
+                return len(sections), conv, (conv.head_dim,)
+            n_axes = self.axes or 2
+            if n_axes < 1 or n_axes > 8:
+                raise FamilyError(f"--axes must be 1 .. 8, got {n_axes}")
+            split = parse_ints(self.split, "--split")
+            head_dims = (sum(split),) if split else (4 * n_axes, 32 * n_axes)
+            if self.family == "nd":
+                return n_axes, None, head_dims
+            if self.layout is None:
+                raise FamilyError("--family axial needs --layout (half or interleaved); --family nd runs "
+                                  "the spec-free checks only")
+            base = parse_bases(self.base)
+            convs = [ndref.axial(d, n_axes, layout=self.layout, base=base, split=split) for d in head_dims]
+            return n_axes, convs, head_dims
+        except (ValueError, TypeError) as exc:
+            raise FamilyError(str(exc)) from None
+
+
+def _load_callable(spec: str, builder: bool):
+    from ropecheck.loading import TargetLoadError, _import_file, _import_module, check_signature, load
+    try:
+        if spec in ADAPTERS:
+            return load(spec).fn
+        if ":" not in spec:
+            raise FamilyError(f"cannot resolve target {spec!r}: use path/to/file.py:func or package.module:attr")
+        where, _, attr = spec.rpartition(":")
+        module = _import_file(__import__("pathlib").Path(where)) if where.endswith(".py") or "/" in where \
+            else _import_module(where)
+        obj = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise FamilyError(f"{where} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        obj = getattr(obj, "fn", obj)
+        if not callable(obj):
+            raise FamilyError(f"{spec} is not callable")
+        if not builder:
+            check_signature(obj)
+        return obj
+    except TargetLoadError as exc:
+        raise FamilyError(str(exc)) from None
+
+
+def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions, reproduce: str):
+    """Everything needed to run: a list of (property name, runner) and a session shell that
+    ropecheck.output can print and save."""
+    preset = ND_ADAPTERS.get(spec.target, {})
+    for key, value in preset.items():
+        if getattr(spec, key) is None:
+            setattr(spec, key, value)
+    if spec.family not in FAMILIES:
+        raise FamilyError(f"unknown --family {spec.family!r}; known: {', '.join(FAMILIES)}")
+    runs = []
+    if spec.family in BUILDER_FAMILIES:
+        fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
+            builder_checks.family(BUILDER_FAMILIES[spec.family])
+        fn = _load_callable(spec.target, builder=True)
+        names = _select(property_names, builder_checks.BUILDER_CHECKS)
+        for name in names:
+            runs.append((name, "-", lambda name=name: builder_checks.run_builder_property(
+                name, fn, fam, options, f"{reproduce} --property {name}")))
+        dtypes = ["-"]
+    else:
+        n_axes, conv, head_dims = spec.convention()
+        fn = _load_callable(spec.target, builder=False)
+        targets = []
+        convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
+        for d, c in zip(head_dims, convs):
+            targets.append(NDTarget(spec.target, fn, n_axes, c, (d,)))
+        names = _select(property_names, ND_PROPERTIES)
+        for dtype in dtypes:
+            for name in names:
+                def run(name=name, dtype=dtype):
+                    results = [run_nd_property(ND_PROPERTIES[name], t, dtype, options,
+                                               f"{reproduce} --dtype {dtype} --property {name}") for t in targets]
+                    bad = [r for r in results if r.status in ("failed", "error")]
+                    return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
+                runs.append((name, dtype, run))
+    shell = SimpleNamespace(
+        target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False),
+        dtypes=list(dtypes), properties=[SimpleNamespace(name=n) for n in names], options=options,
+        results=[], stopped=None)
+    shell.verdict = None
+    return runs, shell
+
+
+def _select(names, registry) -> list:
+    if not names:
+        return list(registry)
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise FamilyError(f"unknown properties {unknown}; known here: {', '.join(registry)}")
+    return list(names)
+
+
+def verdict(results) -> str:
+    statuses = {r.status for r in results}
+    return "error" if "error" in statuses else "failed" if "failed" in statuses else "passed"
+
+
+def reproduce_command(spec: FamilySpec, dtypes, profile, seed) -> str:
+    words = ["ropecheck", "check", spec.target] + spec.flags()
+    for d in dtypes:
+        if d != "-":
+            words += ["--dtype", d]
+    words += ["--profile", profile] + (["--seed", str(seed)] if seed is not None else [])
+    return shlex.join(words)
+
+
+def check_family(console, spec: FamilySpec, dtypes, property_names, options: RunOptions,
+                 json_path=None, junit_path=None, debug=False) -> int:
+    """Run a --family check; returns the exit status (0 passed, 1 failed, 2 unusable/error)."""
+    from ropecheck.output import print_failures, results_table, write_json, write_junit
+    from ropecheck.session import resolve_dtypes
+
+    try:
+        names = [n for item in dtypes or () for n in str(item).split(",") if n.strip()]
+        dtype_list = resolve_dtypes(names, SimpleNamespace(dtypes=ND_DEFAULT_DTYPES))[0]
+        runs, shell = build_session(spec, dtype_list, property_names, options,
+                                    reproduce_command(spec, dtype_list, options.profile, options.seed))
+    except (FamilyError, KeyError) as exc:
+        console.print(f"[bold red]ropecheck:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    console.print(f"Family {spec.family}: " + " ".join(spec.flags()[2:]) if len(spec.flags()) > 2
+                  else f"Family {spec.family}")
+    for name, dtype, run in runs:
+        shell.results.append(run())
+    shell.verdict = verdict(shell.results)
+    console.print(results_table(shell))
+    print_failures(console, shell)
+    if json_path:
+        write_json(json_path, shell)
+    if junit_path:
+        write_junit(junit_path, shell)
+    console.print({"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
+                   "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}[shell.verdict])
+    return {"passed": 0, "failed": 1, "error": 2}[shell.verdict]
