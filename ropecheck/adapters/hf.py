@@ -114,7 +114,8 @@ _hf("hf-phi3-longrope",
     "Phi3RotaryEmbedding (longrope: short/long factors switched past 4096) + apply_rotary_pos_emb",
     rotary_dim=LONGROPE_DIM)
 
-_hf("hf-gpt-neox", _hf_rotate_half("gpt_neox", {"rope_type": "default", "rope_theta": 10000.0},
+_hf("hf-gpt-neox", _hf_rotate_half("gpt_neox", {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 1.0},
                                    rotary_dim=32),
     Convention("half", 10000.0, 32),
     "GPTNeoXRotaryEmbedding + apply_rotary_pos_emb, partial rotary (first 32 features)",
