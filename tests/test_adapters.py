@@ -57,3 +57,22 @@ def test_dtype_finding_in_rotary_embedding_torch_is_caught_and_recorded():
     result = run_property(PROPERTIES["reference"], load("rotary-embedding-torch"), "bfloat16", QUICK)
     assert result.status == "failed"
     assert known_failures.apply("rotary-embedding-torch", [result], KNOWN)[0].status == "known"
+
+
+def test_liger_writes_its_result_into_q():
+    """Finding (README): LigerRopeFunction, which stands in for HF's out-of-place
+    apply_rotary_pos_emb, overwrites q with the rotated values when q is the transposed view
+    of a (batch, seq, heads, head_dim) projection, which is how HF models pass it."""
+    if ADAPTERS["liger-kernel"].why_unavailable():
+        pytest.skip("liger-kernel is not installed")
+    import torch
+
+    from ropecheck.adapters.triton_kernels import _hf_cos_sin, _triton_ready
+    _triton_ready()
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    q = torch.randn(1, 3, 2, 8).transpose(1, 2)  # (batch, heads, seq, head_dim) view
+    before = q.clone()
+    cos, sin = _hf_cos_sin(torch.arange(3)[None], 8, q.dtype)
+    out, _ = LigerRopeFunction.apply(q, torch.zeros(1, 1, 3, 8), cos, sin)
+    assert not torch.equal(q, before) and torch.equal(q, out)

@@ -35,7 +35,8 @@ def _hf_cos_sin(positions, rotary_dim: int, dtype, base: float = 10000.0):
 
 def _liger():
     """``LigerRopeFunction.apply(q, k, cos, sin)`` with q as HF passes it: a (batch, heads,
-    seq, head_dim) transposed view; k a small separate tensor."""
+    seq, head_dim) transposed view (a clone of x's, strides kept: Liger writes its result
+    into q when q is such a view, see the finding in README); k a small tensor."""
 
     def build():
         _triton_ready()
@@ -44,7 +45,7 @@ def _liger():
 
         def rope(x, positions):
             cos, sin = _hf_cos_sin(positions, x.shape[-1], x.dtype)
-            q = x.transpose(1, 2)
+            q = x.transpose(1, 2).clone()  # preserve_format: same strides as x's view
             k = torch.zeros_like(q[:, :1])
             out, _ = LigerRopeFunction.apply(q, k, cos, sin)
             return out.transpose(1, 2)
@@ -111,9 +112,9 @@ register(Adapter("liger-kernel", "liger-kernel", _liger(), Convention("half", 10
                  "LigerRopeFunction (Triton) with HF-style cos/sin, q a transposed view",
                  modules=("liger_kernel", "triton"),
                  install="pip install liger-kernel==0.8.5 triton==3.9.0 torch==2.13.0",
-                 dtypes=("float32", "float16"), inplace=True,
-                 notes="writes its result into q and k (in place), unlike the HF function it "
-                       "replaces; without CUDA: Triton interpreter, float32/float16 only"))
+                 dtypes=("float32", "float16"),
+                 notes="finding: writes its result into q and k when q is a transposed view, as HF "
+                       "passes it (the adapter passes a clone); without CUDA: Triton interpreter, float32/float16 only"))
 
 for _name, _interleaved in (("flash-attn-rotary", False), ("flash-attn-rotary-interleaved", True)):
     register(Adapter(
