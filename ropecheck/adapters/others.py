@@ -181,6 +181,7 @@ def _import_timm_sincos():
     """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision): the
     packages are registered bare, then the one module is loaded."""
     import importlib
+    import importlib.machinery
     import importlib.util
     import sys
     import types
@@ -192,6 +193,8 @@ def _import_timm_sincos():
         if name not in sys.modules:
             package = types.ModuleType(name)
             package.__path__ = [path]
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            package.__spec__.submodule_search_locations = [path]
             sys.modules[name] = package
     return importlib.import_module("timm.layers.pos_embed_sincos")
 

@@ -10,6 +10,7 @@ why not.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -45,7 +46,7 @@ class Adapter:
     def why_unavailable(self) -> Optional[str]:
         """None when the target can be built here, else the reason and the install hint."""
         for module in self.modules or (self.library,):
-            if importlib.util.find_spec(module.split(".")[0]) is None:
+            if not _importable(module.split(".")[0]):
                 return f"{module} is not installed ({self.install or 'pip install ' + self.library})"
         return self.unavailable() if self.unavailable else None
 
@@ -54,6 +55,15 @@ class Adapter:
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
                       max_position=self.max_position)
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:  # already imported (possibly as a bare package, see timm)
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 ADAPTERS: dict[str, Adapter] = {}
