@@ -6,21 +6,10 @@ hub; one rotary module per head size is kept for the whole run, as a model keeps
 from __future__ import annotations
 
 from reference.scaling import DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN
-from ropecheck.adapters.registry import Adapter, register
+from ropecheck.adapters.registry import Adapter, per_head_dim, register
 from ropecheck.target import Convention
 
 INSTALL = "pip install transformers==5.23.0 torch==2.13.0"
-
-
-def _per_head_dim(make):
-    """Memoise make(head_dim) so each head size gets one module for the run."""
-    cache = {}
-
-    def get(head_dim):
-        if head_dim not in cache:
-            cache[head_dim] = make(head_dim)
-        return cache[head_dim]
-    return get
 
 
 def _rotary(config_class, rotary_class, rope_parameters, max_position_embeddings):
@@ -31,7 +20,7 @@ def _rotary(config_class, rotary_class, rope_parameters, max_position_embeddings
                               max_position_embeddings=max_position_embeddings,
                               rope_parameters=dict(rope_parameters))
         return rotary_class(config)
-    return _per_head_dim(make)
+    return per_head_dim(make)
 
 
 def _hf_rotate_half(module, rope_parameters, max_position_embeddings=4096, rotary_dim=None):

@@ -7,7 +7,7 @@ positions can be checked."""
 
 from __future__ import annotations
 
-from ropecheck.adapters.registry import Adapter, register
+from ropecheck.adapters.registry import Adapter, per_head_dim, register
 from ropecheck.target import Convention
 
 
@@ -27,13 +27,10 @@ def _torchtune(class_path: str, **kwargs):
 
         module_name, _, class_name = class_path.rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)
-        modules = {}
+        module = per_head_dim(lambda head_dim: cls(dim=head_dim, max_seq_len=TORCHTUNE_CACHE, **kwargs))
 
         def rope(x, positions):
-            head_dim = x.shape[-1]
-            if head_dim not in modules:
-                modules[head_dim] = cls(dim=head_dim, max_seq_len=TORCHTUNE_CACHE, **kwargs)
-            return modules[head_dim](x, input_pos=positions)
+            return module(x.shape[-1])(x, input_pos=positions)
         return rope
     return build
 
@@ -56,20 +53,21 @@ register(Adapter(
 
 # --- rotary-embedding-torch -----------------------------------------------------------
 
+def _ret_module():
+    from rotary_embedding_torch import RotaryEmbedding
+    return per_head_dim(lambda head_dim: RotaryEmbedding(dim=head_dim, cache_if_possible=False))
+
+
 def _ret_offsets():
     """``rotate_queries_or_keys(t, offset=m)`` once per token: positions are built by the
     library (arange + offset, in the input's dtype)."""
 
     def build():
-        from rotary_embedding_torch import RotaryEmbedding
-        modules = {}
+        module = _ret_module()
 
         def rope(x, positions):
             import torch
-            head_dim = x.shape[-1]
-            if head_dim not in modules:
-                modules[head_dim] = RotaryEmbedding(dim=head_dim, cache_if_possible=False)
-            emb = modules[head_dim]
+            emb = module(x.shape[-1])
             rows = []
             for b in range(x.shape[0]):
                 tokens = [emb.rotate_queries_or_keys(x[b, t:t + 1].transpose(0, 1), offset=int(m))
@@ -86,14 +84,11 @@ def _ret_explicit():
 
     def build():
         import torch
-        from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
-        modules = {}
+        from rotary_embedding_torch import apply_rotary_emb
+        module = _ret_module()
 
         def rope(x, positions):
-            head_dim = x.shape[-1]
-            if head_dim not in modules:
-                modules[head_dim] = RotaryEmbedding(dim=head_dim, cache_if_possible=False)
-            emb = modules[head_dim]
+            emb = module(x.shape[-1])
             rows = [apply_rotary_emb(emb(positions[b].to(torch.float32)), x[b].transpose(0, 1))
                     .transpose(0, 1) for b in range(x.shape[0])]
             return torch.stack(rows)
@@ -116,13 +111,10 @@ for _name, _build, _what in (
 def _x_transformers():
     def build():
         from x_transformers.x_transformers import RotaryEmbedding, apply_rotary_pos_emb
-        modules = {}
+        module = per_head_dim(RotaryEmbedding)
 
         def rope(x, positions):
-            head_dim = x.shape[-1]
-            if head_dim not in modules:
-                modules[head_dim] = RotaryEmbedding(head_dim)
-            freqs, scale = modules[head_dim](positions)  # per-row positions (batch, seq)
+            freqs, scale = module(x.shape[-1])(positions)  # per-row positions (batch, seq)
             return apply_rotary_pos_emb(x.transpose(1, 2), freqs, scale).transpose(1, 2)
         return rope
     return build
@@ -145,14 +137,11 @@ def _megatron(interleaved: bool):
         import torch
         from megatron.core.models.common.embeddings import rope_utils
         from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-        modules = {}
+        module = per_head_dim(lambda head_dim: RotaryEmbedding(
+            head_dim, 1.0, rotary_interleaved=interleaved, use_cpu_initialization=True))
 
         def rope(x, positions):
-            head_dim = x.shape[-1]
-            if head_dim not in modules:
-                modules[head_dim] = RotaryEmbedding(head_dim, 1.0, rotary_interleaved=interleaved,
-                                                    use_cpu_initialization=True)
-            inv_freq = modules[head_dim].inv_freq
+            inv_freq = module(x.shape[-1]).inv_freq
             freqs = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (b, s, r/2)
             if interleaved:
                 emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)

@@ -66,6 +66,18 @@ def _importable(name: str) -> bool:
         return False
 
 
+def per_head_dim(make: Callable):
+    """make(head_dim) memoised: each head size gets one library module for the whole run,
+    as a model keeps its own (so state a library keeps between calls is exercised)."""
+    cache = {}
+
+    def get(head_dim: int):
+        if head_dim not in cache:
+            cache[head_dim] = make(head_dim)
+        return cache[head_dim]
+    return get
+
+
 ADAPTERS: dict[str, Adapter] = {}
 
 
