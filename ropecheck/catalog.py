@@ -21,6 +21,7 @@ class Entry:
     description: str
     why_unavailable: Optional[str]
     notes: str = ""
+    default: bool = False  # the target `ropecheck check` uses without one
 
     @property
     def available(self) -> bool:
@@ -35,7 +36,7 @@ def library_version(library: str) -> str:
 
 
 def _capabilities(dtypes, backward, inplace, max_position) -> str:
-    parts = ["/".join(d.replace("float", "f").replace("bf", "bf") for d in dtypes)]
+    parts = ["/".join(d.replace("float", "f") for d in dtypes)]
     parts.append("backward" if backward else "no backward")
     if inplace:
         parts.append("in place")
@@ -48,10 +49,10 @@ def entries() -> list[Entry]:
     out = []
     for name, (layout, _, description) in BUILTINS.items():
         why = description.split("unavailable: ", 1)[1] if "unavailable: " in description else None
-        out.append(Entry(name + (" (default)" if name == DEFAULT_TARGET else ""), "built-in",
-                         "ropecheck", layout, f"--layout {layout} --base 10000",
+        out.append(Entry(name, "built-in", "ropecheck", layout, f"--layout {layout} --base 10000",
                          _capabilities(("float32", "bfloat16", "float16", "float64"), True, False, None),
-                         description.split("; unavailable")[0], why))
+                         description.split("; unavailable")[0], why,
+                         default=name == DEFAULT_TARGET))
     for adapter in ADAPTERS.values():
         c = adapter.convention
         out.append(Entry(adapter.name, "adapter", adapter.library,

@@ -201,7 +201,7 @@ def report(out_dir, names, dtypes, profile, seed, timeout):
     from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
     # N-D targets are judged by `ropecheck check --family` (README), not by the 1-D suite
-    catalog = {e.name.split(" ")[0]: e for e in entries() if e.name not in ND_ADAPTERS}
+    catalog = {e.name: e for e in entries() if e.name not in ND_ADAPTERS}
     unknown = [n for n in names if n not in catalog]
     if unknown:
         raise click.UsageError(f"unknown target(s): {', '.join(unknown)} (see `ropecheck list`)")
@@ -213,7 +213,7 @@ def report(out_dir, names, dtypes, profile, seed, timeout):
     reports = []
     for name in (n for n in chosen if n not in unavailable):
         console.print(f"checking {name} ...")
-        reports.append(conformance.run_target(name, dtype_list, options, known))
+        reports.append(conformance.run_target(catalog[name], dtype_list, options, known))
     words = ["ropecheck", "report", "--out", out_dir] + [w for n in names for w in ("--target", n)] \
         + [w for d in dtypes for w in ("--dtype", d)] + (["--profile", profile] if profile != "ci" else []) \
         + (["--seed", str(seed)] if seed is not None else [])
@@ -242,7 +242,7 @@ def list_targets(available):
         table.add_column(column, overflow="fold")
     for e in rows:
         status = "[green]available[/]" if e.available else f"[dim]unavailable: {escape(e.why_unavailable)}[/]"
-        table.add_row(e.name, e.library, escape(e.convention), e.capabilities, status)
+        table.add_row(e.name + (" (default)" if e.default else ""), e.library, escape(e.convention), e.capabilities, status)
     console.print(table)
     for e in rows:
         if e.notes:

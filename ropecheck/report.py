@@ -23,7 +23,7 @@ import torch
 from properties.runner import RunOptions, selected_properties
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
-from ropecheck.catalog import entries, library_version
+from ropecheck.catalog import Entry, library_version
 from ropecheck.loading import TargetLoadError, load
 from ropecheck.output import environment
 from ropecheck.session import Session, callable_in, warm_up
@@ -81,9 +81,10 @@ def envelope(profile: str, seed: Optional[int]) -> dict:
             "profile": profile, "seed": seed, "generated": date.today().isoformat()}
 
 
-def run_target(name: str, dtypes: Optional[list], options: RunOptions, known: list,
+def run_target(entry: Entry, dtypes: Optional[list], options: RunOptions, known: list,
                on_result: Callable = lambda r: None) -> TargetReport:
-    entry = next(e for e in entries() if e.name.split(" ")[0] == name)
+    """Run the suite on one catalog entry (``ropecheck.catalog``)."""
+    name = entry.name
     report = TargetReport(name, entry.library, entry.convention, entry.capabilities)
     try:
         target = load(name)

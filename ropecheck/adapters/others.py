@@ -7,6 +7,7 @@ positions can be checked."""
 
 from __future__ import annotations
 
+from reference.scaling import Llama3
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 from ropecheck.target import Convention
 
@@ -44,8 +45,7 @@ register(Adapter(
 register(Adapter(
     "torchtune-llama3-scaled", "torchtune",
     _torchtune("torchtune.models.llama3_1.Llama3ScaledRoPE", base=500000.0),
-    Convention("interleaved", 500000.0, None, __import__("reference.scaling", fromlist=["Llama3"]).Llama3(
-        8.0, 1.0, 4.0, 8192)),
+    Convention("interleaved", 500000.0, None, Llama3(8.0, 1.0, 4.0, 8192)),
     "Llama3ScaledRoPE (factor 8, low 1, high 4, old context 8192), input_pos",
     modules=("torchtune", "torchao"), install=TORCHTUNE_INSTALL, max_position=TORCHTUNE_CACHE - 1,
     notes=f"cos/sin cache of max_seq_len = {TORCHTUNE_CACHE} positions"))
