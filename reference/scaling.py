@@ -47,11 +47,7 @@ from typing import Optional
 
 import numpy as np
 
-from reference.rope import inv_freq as _inv_freq
-
-
-def _geometric(rotary_dim: int, base: float) -> np.ndarray:
-    return _inv_freq(rotary_dim, base)
+from reference.rope import inv_freq as _geometric
 
 
 @dataclass(frozen=True)
