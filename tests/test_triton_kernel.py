@@ -232,3 +232,20 @@ def test_suite_catches_a_broken_kernel(kernel, monkeypatch, breakage):
     result = run_property(PROPERTIES["reference"], target, "float32",
                           RunOptions(profile="ci", max_examples=5, timeout=60))
     assert result.status == "failed" and result.max_error > 1.0, result
+
+
+@requires_triton
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
+def test_kernel_runs_when_another_library_imported_triton_first():
+    """transformers may import triton before ropecheck sets TRITON_INTERPRET=1: the kernel,
+    defined afterwards, must still run on CPU (and agree with the reference)."""
+    code = ("import triton, torch, numpy as np, reference\n"
+            "from ropecheck.kernels.rope import apply_rope\n"
+            "x = torch.randn(1, 3, 1, 8)\n"
+            "y = apply_rope(x, positions=torch.tensor([[0, 5, 900]]))\n"
+            "ref = reference.apply_rope(x.double().numpy(), np.array([[0, 5, 900]]), layout='half')\n"
+            "print(float(np.abs(y.double().numpy() - ref).max()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout.split()[-1]) < 1e-5

@@ -1,16 +1,16 @@
 """Import Triton the way ropecheck's kernels (and adapters of Triton-based libraries) need it.
 
 On a machine without CUDA, Triton kernels run only under its interpreter, which is chosen
-when ``TRITON_INTERPRET=1`` is in the environment *before* triton is imported (kernels
-defined after that run on CPU torch tensors, one Python program at a time).
-``import_triton()`` sets it in that case, so every importer of a Triton kernel goes
-through this one function.
+when ``TRITON_INTERPRET=1`` is in the environment when a kernel is defined (Triton 3.x reads
+it at each ``@triton.jit``; kernels defined after that run on CPU torch tensors, one
+Python program at a time). ``import_triton()`` sets it in that case, so every importer of
+a Triton kernel goes through this one function; it works even when another library
+(transformers, say) imported triton first, as long as the kernels are defined afterwards.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 INSTALL_HINT = "pip install triton==3.9.0"
 
@@ -18,22 +18,29 @@ INSTALL_HINT = "pip install triton==3.9.0"
 def import_triton():
     """Return the ``triton`` module, under the interpreter when CUDA is unavailable.
 
-    Raises ImportError with the install hint when triton is missing, and when triton was
-    already imported elsewhere without the interpreter on a machine without CUDA (its
-    kernels could not run)."""
+    Raises ImportError with the install hint when triton is missing, and when an already
+    imported triton does not follow the variable on a machine without CUDA (its kernels
+    could not run)."""
     import torch
 
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-        if "triton" in sys.modules:
-            raise ImportError("triton was imported before ropecheck could set TRITON_INTERPRET=1, "
-                              "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
-                              "environment to run Triton kernels on CPU")
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton
     except ImportError as exc:
         raise ImportError(f"triton is not installed ({INSTALL_HINT}): {exc}") from exc
+    if interpreted() and not _follows_environment(triton):
+        raise ImportError("triton was imported before ropecheck could set TRITON_INTERPRET=1, "
+                          "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
+                          "environment to run Triton kernels on CPU")
     return triton
+
+
+def _follows_environment(triton) -> bool:
+    """Whether kernels defined now run under the interpreter (Triton >= 3.4 reads the
+    variable at definition time; older versions only at import)."""
+    knobs = getattr(triton, "knobs", None)
+    return bool(knobs is not None and knobs.runtime.interpret)
 
 
 def interpreted() -> bool:
