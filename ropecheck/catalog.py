@@ -45,6 +45,12 @@ def _capabilities(dtypes, backward, inplace, max_position) -> str:
     return ", ".join(parts)
 
 
+def _family_flags(name: str) -> str:
+    """The ``--family`` flags an N-D or builder adapter implies ("" for none)."""
+    from ropecheck.nd import ND_ADAPTERS, FamilySpec
+    return " ".join(FamilySpec(name, **ND_ADAPTERS[name]).flags()) if name in ND_ADAPTERS else ""
+
+
 def entries() -> list[Entry]:
     out = []
     for name, (layout, _, description) in BUILTINS.items():
@@ -56,7 +62,7 @@ def entries() -> list[Entry]:
     for adapter in ADAPTERS.values():
         c = adapter.convention
         out.append(Entry(adapter.name, "adapter", adapter.library,
-                         c.layout if c else "?", c.flags() if c else "",
+                         c.layout if c else "?", c.flags() if c else _family_flags(adapter.name),
                          _capabilities(adapter.dtypes, adapter.backward, adapter.inplace,
                                        adapter.max_position),
                          adapter.description, adapter.why_unavailable(), adapter.notes))

@@ -234,16 +234,22 @@ def list_targets(available):
 
     from ropecheck.catalog import entries
 
-    console = Console(highlight=False)
+    # a pipe or CI log gets a readable width instead of rich's 80 columns
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     rows = [e for e in entries() if e.available or not available]
     table = Table(title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
                   title_justify="left", show_lines=False)
-    for column in ("name", "library", "convention", "capabilities", "status"):
+    table.add_column("name", no_wrap=True)
+    for column in ("library", "convention", "capabilities"):
         table.add_column(column, overflow="fold")
+    table.add_column("here", no_wrap=True)
     for e in rows:
-        status = "[green]available[/]" if e.available else f"[dim]unavailable: {escape(e.why_unavailable)}[/]"
-        table.add_row(e.name + (" (default)" if e.default else ""), e.library, escape(e.convention), e.capabilities, status)
+        table.add_row(e.name + (" (default)" if e.default else ""), e.library, escape(e.convention),
+                      e.capabilities, "[green]yes[/]" if e.available else "[red]no[/]")
     console.print(table)
+    for e in rows:
+        if not e.available:
+            console.print(f"  {e.name}: unavailable: {e.why_unavailable}", markup=False)
     for e in rows:
         if e.notes:
             console.print(f"  {e.name}: {e.notes}", markup=False)
