@@ -34,6 +34,7 @@ from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
 
 ND_MAX_POSITION = 2**16
+INVERTIBILITY_STEP = 1009  # a step every axis resolves: c theta_p moves even its low-frequency pairs (prime: no period)
 
 
 @dataclass
@@ -46,9 +47,31 @@ class NDTarget:
     dtypes: tuple = ("float32", "bfloat16", "float16", "float64")
     inplace: bool = False
     description: str = ""
+    max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
+
+    def __post_init__(self):
+        if self.max_position is not None and self.max_position < 255:
+            raise ValueError(f"{self.name}: max_position must be at least 255, got {self.max_position}")
 
     def __call__(self, x, positions):
         return self.fn(x, positions)
+
+    @property
+    def limit(self) -> int:
+        """Largest position per axis any check uses: inputs are drawn up to half of it,
+        shifts fill the rest."""
+        return 2 * ND_MAX_POSITION if self.max_position is None else self.max_position
+
+    @property
+    def invertibility_step(self) -> int:
+        """INVERTIBILITY_STEP, or the largest prime <= limit / 4 when the target accepts less
+        (inputs <= limit / 2, plus two steps)."""
+        import sympy
+        return min(INVERTIBILITY_STEP, int(sympy.prevprime(self.limit // 4 + 1)))
+
+    def room(self, positions: np.ndarray) -> int:
+        """How far positions may still be shifted up."""
+        return max(self.limit - int(positions.max()), 1)
 
 
 @dataclass(frozen=True)
@@ -76,7 +99,8 @@ def nd_cases(target: NDTarget, dtype: str):
     def draw(d):
         b, s, h = d(st.integers(1, 2)), d(st.integers(1, 4)), d(st.integers(1, 2))
         head_dim = d(st.sampled_from(target.head_dims))
-        base = d(st.sampled_from((0, 0, 7, 1000, ND_MAX_POSITION // 2)))
+        top = target.limit // 2 - 64  # inputs stay below half the limit
+        base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
         p = d(st.lists(st.integers(0, 64), min_size=b * s * target.n_axes, max_size=b * s * target.n_axes))
         p = (np.asarray(p, dtype=np.int64) + base).reshape(b, s, target.n_axes)
         return NDCase(dtype, (b, s, h, head_dim), tuple(map(tuple, p.reshape(b * s, -1).tolist())),
@@ -168,9 +192,8 @@ def _relativity(ctx: NDContext, case: NDCase, shift: np.ndarray, what: str) -> f
 
 
 def _shift_extra(ctx, case):
-    top = ND_MAX_POSITION * 2 - int(case.positions_array().max())
     return st.fixed_dictionaries({"axis": st.integers(0, ctx.target.n_axes - 1),
-                                  "c": st.integers(1, max(top, 1))})
+                                  "c": st.integers(1, ctx.target.room(case.positions_array()))})
 
 
 @nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
@@ -183,7 +206,8 @@ def nd_relativity_axis(ctx: NDContext, case: NDCase, axis: int, c: int) -> float
 
 @nd_register(name="relativity-joint", formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
              extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
-                 st.integers(-int(case.positions_array().min()), 4096), min_size=ctx.target.n_axes,
+                 st.integers(-int(case.positions_array().min()), min(4096, ctx.target.room(case.positions_array()))),
+                 min_size=ctx.target.n_axes,
                  max_size=ctx.target.n_axes)}))
 def nd_relativity_joint(ctx: NDContext, case: NDCase, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
@@ -191,7 +215,8 @@ def nd_relativity_joint(ctx: NDContext, case: NDCase, c: list) -> float:
 
 @nd_register(name="commutation", formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
              extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
-                 st.integers(0, 4096), min_size=ctx.target.n_axes, max_size=ctx.target.n_axes)}))
+                 st.integers(0, min(4096, ctx.target.room(case.positions_array()))), min_size=ctx.target.n_axes,
+                 max_size=ctx.target.n_axes)}))
 def nd_commutation(ctx: NDContext, case: NDCase, q: list) -> float:
     x, p = case.tensor(), case.positions_array()
     q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
@@ -204,14 +229,11 @@ def nd_commutation(ctx: NDContext, case: NDCase, q: list) -> float:
                         what="|f(f(x, P), Q) - f(x, P + Q)| per head vector")
 
 
-INVERTIBILITY_STEP = 1009  # a step every axis resolves: c theta_p moves even its low-frequency pairs (prime: no period)
-
-
 @nd_register(name="invertibility",
              formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
-                     "u = (1, .., 1), c = 1009")
+                     "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)")
 def nd_invertibility(ctx: NDContext, case: NDCase) -> float:
-    c = INVERTIBILITY_STEP
+    c = ctx.target.invertibility_step
     p = case.positions_array() + c  # keeps P + c (e_j - e_k) >= 0
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
     n_axes = ctx.target.n_axes

@@ -107,10 +107,12 @@ class FamilySpec:
 
 
 def _load_callable(spec: str, builder: bool):
+    """(callable, largest position per axis it accepts or None)."""
     from ropecheck.loading import TargetLoadError, _import_file, _import_module, check_signature, load
     try:
         if spec in ADAPTERS:
-            return load(spec).fn
+            target = load(spec)
+            return target.fn, target.max_position
         if ":" not in spec:
             raise FamilyError(f"cannot resolve target {spec!r}: use path/to/file.py:func or package.module:attr")
         where, _, attr = spec.rpartition(":")
@@ -121,12 +123,13 @@ def _load_callable(spec: str, builder: bool):
             if not hasattr(obj, part):
                 raise FamilyError(f"{where} has no attribute {attr!r}")
             obj = getattr(obj, part)
+        max_position = getattr(obj, "max_position", None)
         obj = getattr(obj, "fn", obj)
         if not callable(obj):
             raise FamilyError(f"{spec} is not callable")
         if not builder:
             check_signature(obj)
-        return obj
+        return obj, max_position
     except TargetLoadError as exc:
         raise FamilyError(str(exc)) from None
 
@@ -144,7 +147,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     if spec.family in BUILDER_FAMILIES:
         fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
             builder_checks.family(BUILDER_FAMILIES[spec.family])
-        fn = _load_callable(spec.target, builder=True)
+        fn, _ = _load_callable(spec.target, builder=True)
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
             runs.append((name, "-", lambda name=name: builder_checks.run_builder_property(
@@ -152,11 +155,14 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
         dtypes = ["-"]
     else:
         n_axes, conv, head_dims = spec.convention()
-        fn = _load_callable(spec.target, builder=False)
+        fn, max_position = _load_callable(spec.target, builder=False)
         targets = []
         convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
         for d, c in zip(head_dims, convs):
-            targets.append(NDTarget(spec.target, fn, n_axes, c, (d,)))
+            try:
+                targets.append(NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position))
+            except ValueError as exc:
+                raise FamilyError(str(exc)) from None
         names = _select(property_names, ND_PROPERTIES)
         for dtype in dtypes:
             for name in names:
@@ -188,11 +194,9 @@ def verdict(results) -> str:
     return "error" if "error" in statuses else "failed" if "failed" in statuses else "passed"
 
 
-def reproduce_command(spec: FamilySpec, dtypes, profile, seed) -> str:
+def reproduce_command(spec: FamilySpec, profile, seed) -> str:
+    """The command line of this run, without dtypes (each run adds its own)."""
     words = ["ropecheck", "check", spec.target] + spec.flags()
-    for d in dtypes:
-        if d != "-":
-            words += ["--dtype", d]
     words += ["--profile", profile] + (["--seed", str(seed)] if seed is not None else [])
     return shlex.join(words)
 
@@ -207,7 +211,7 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
         names = [n for item in dtypes or () for n in str(item).split(",") if n.strip()]
         dtype_list = resolve_dtypes(names, SimpleNamespace(dtypes=ND_DEFAULT_DTYPES))[0]
         runs, shell = build_session(spec, dtype_list, property_names, options,
-                                    reproduce_command(spec, dtype_list, options.profile, options.seed))
+                                    reproduce_command(spec, options.profile, options.seed))
     except (FamilyError, KeyError) as exc:
         console.print(f"[bold red]ropecheck:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
