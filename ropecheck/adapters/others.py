@@ -166,7 +166,7 @@ for _name, _interleaved in (("megatron-core", False), ("megatron-core-interleave
 
 # --- timm -----------------------------------------------------------------------------
 
-def _import_timm_sincos():
+def import_timm_sincos():
     """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision): the
     packages are registered bare, then the one module is loaded."""
     import importlib
@@ -193,7 +193,7 @@ def _timm():
 
     def build():
         import torch
-        sincos = _import_timm_sincos()
+        sincos = import_timm_sincos()
 
         def rope(x, positions):
             bands = sincos.freq_bands(x.shape[-1], temperature=10000.0, step=2)

@@ -1,0 +1,82 @@
+"""N-D adapters (timm, rotary-embedding-torch, transformers) through `ropecheck check`, the
+largest position a grid-table target declares, and the rotary-embedding-torch offsets defect."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
+from properties.runner import RunOptions
+from reference.nd import axial
+from ropecheck.adapters import ADAPTERS
+from ropecheck.adapters.nd_registry import ND_ADAPTERS
+from ropecheck.cli import main
+
+OPTIONS = RunOptions(profile="ci", max_examples=6)
+ROTATIONS = sorted(n for n, flags in ND_ADAPTERS.items() if not flags["family"].endswith("-builder"))
+# library defects these adapters expose (README, "Findings"): the check must fail them
+DEFECTIVE = {"rotary-embedding-torch-axial-offsets"}
+
+
+def _check(*args):
+    return CliRunner().invoke(main, ["check", *args, "--profile", "ci", "--max-examples", "4",
+                                     "--dtype", "float32"])
+
+
+@pytest.mark.parametrize("name", ROTATIONS)
+def test_nd_adapter_verdict(name):
+    why = ADAPTERS[name].why_unavailable()
+    if why:
+        result = _check(name)
+        assert result.exit_code == 2 and "not available here" in result.output and "Traceback" not in result.output
+        pytest.skip(why)
+    result = _check(name)
+    assert result.exit_code == (1 if name in DEFECTIVE else 0), result.output
+
+
+def test_rotary_embedding_torch_axial_offsets_ignore_the_offset_after_the_first_axis():
+    """get_axial_freqs(..., offsets=) caches the first axis' shifted frequencies as positions
+    0.. and serves them to the second axis (and to every later call)."""
+    if ADAPTERS["rotary-embedding-torch-axial"].why_unavailable():
+        pytest.skip("rotary-embedding-torch is not installed")
+    from rotary_embedding_torch import RotaryEmbedding
+    cached = RotaryEmbedding(dim=8).get_axial_freqs(1, 1, offsets=(5, 7)).flatten()
+    fresh = RotaryEmbedding(dim=8, cache_if_possible=False).get_axial_freqs(1, 1, offsets=(5, 7)).flatten()
+    assert fresh[8].item() == 7.0  # column 7 times theta_0 = 1: right without the cache
+    assert cached[8].item() == 5.0  # the row's position instead
+
+
+CONV = axial(8, 2, layout="interleaved")
+
+
+def _table_rope(limit):
+    """A correct 2-D RoPE that, like a grid table, refuses positions past ``limit``."""
+    def rope(x, positions):
+        if int(positions.max()) > limit:
+            raise IndexError(f"position {int(positions.max())} is past the table ({limit})")
+        return torch.from_numpy(CONV.apply(x.double().numpy(), positions.numpy())).to(x.dtype)
+    return rope
+
+
+@pytest.mark.parametrize("prop", sorted(ND_PROPERTIES))
+def test_checks_stay_within_a_declared_max_position(prop):
+    target = NDTarget("table", _table_rope(300), 2, CONV, (8,), max_position=300)
+    assert target.invertibility_step == 73  # the largest prime <= 300 / 4
+    assert run_nd_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
+
+
+def test_without_the_declaration_the_table_target_is_driven_past_its_end():
+    target = NDTarget("table", _table_rope(300), 2, CONV, (8,))
+    assert run_nd_property(ND_PROPERTIES["relativity-axis"], target, "float32", OPTIONS).status == "failed"
+
+
+def test_max_position_below_the_smallest_usable_range_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="at least 255"):
+        NDTarget("table", _table_rope(100), 2, CONV, (8,), max_position=100)
+    module = tmp_path / "tiny.py"
+    module.write_text("from ropecheck.target import Target\n"
+                      "TINY = Target(name='tiny', fn=lambda x, positions: x, max_position=100)\n")
+    result = _check(f"{module}:TINY", "--family", "nd", "--axes", "2")
+    assert result.exit_code == 2 and "at least 255" in result.output and "Traceback" not in result.output
