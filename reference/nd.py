@@ -11,7 +11,7 @@ two constructors give the schemes in use:
   each block (timm, rotary-embedding-torch, the seed's RoPE-2D);
 - ``mrope``: one 1-D RoPE over the whole head (theta_i = base^(-2i/d)) whose pairs are
   assigned to axes by frequency sections, in units of pairs (Qwen2-VL: [16, 24, 24] for
-  head_dim 128, half layout).
+  head_dim 128, half layout), in chunks or interleaved (Qwen3-VL: [24, 20, 20]).
 
 ``rotation_expm`` computes the general case with ``scipy.linalg.expm`` after
 ``validate_generators``; it agrees with ``PairRotation.apply`` on the block-diagonal one.
@@ -146,10 +146,15 @@ def axial(head_dim: int, n_axes: int, *, layout: str = "interleaved", base=DEFAU
 
 
 def mrope(sections: Sequence[int], *, layout: str = "half", base: float = DEFAULT_BASE,
-          head_dim: Optional[int] = None) -> PairRotation:
-    """Qwen2-VL M-RoPE: one 1-D RoPE over d = 2 * sum(sections) features (theta_i =
-    base^(-2i/d), ``layout``); pairs 0 .. s_0 - 1 are driven by axis 0 (t), the next s_1
-    by axis 1 (h), and so on."""
+          head_dim: Optional[int] = None, interleaved: bool = False) -> PairRotation:
+    """M-RoPE: one 1-D RoPE over d = 2 * sum(sections) features (theta_i = base^(-2i/d),
+    ``layout``) whose pairs are assigned to axes by ``sections`` (pairs per axis: t, h, w).
+
+    Chunked (Qwen2-VL, Qwen2.5-VL): pairs 0 .. s_0 - 1 are driven by axis 0 (t), the next
+    s_1 by axis 1 (h), and so on. ``interleaved`` (Qwen3-VL, HF ``mrope_interleaved``):
+    pair i goes to axis k >= 1 when i = k (mod n) and i < n s_k (n = len(sections)), every
+    other pair to axis 0, so each axis spans the whole frequency range. As in HF, a section
+    that does not fit below d/2 is cut there (then axis 0 gets the pairs left over)."""
     sections = [int(s) for s in sections]
     if not sections or any(s < 0 for s in sections) or sum(sections) == 0:
         raise ValueError(f"sections must be non-negative pair counts, not all zero: {sections}")
@@ -158,10 +163,16 @@ def mrope(sections: Sequence[int], *, layout: str = "half", base: float = DEFAUL
     if head_dim < d:
         raise ValueError(f"sections {sections} need head_dim >= {d}, got {head_dim}")
     i, j = pair_indices(d, layout)
-    axis = np.repeat(np.arange(len(sections)), sections)
+    if interleaved:
+        n = len(sections)
+        axis = np.zeros(d // 2, dtype=np.int64)
+        for k in range(1, n):
+            axis[k:n * sections[k]:n] = k
+    else:
+        axis = np.repeat(np.arange(len(sections)), sections)
     return PairRotation(head_dim, len(sections), tuple(i.tolist()), tuple(j.tolist()),
                         tuple(axis.tolist()), tuple(inv_freq(d, base).tolist()),
-                        f"M-RoPE sections {sections}, {layout}")
+                        f"M-RoPE sections {sections}{', interleaved' if interleaved else ''}, {layout}")
 
 
 # --- the general case: expm of a sum of generators ---------------------------------

@@ -91,19 +91,22 @@ def main():
                    "(rope-tie-builder, rope-tv-builder, mrope-builder). See README 'N-D and multimodal'.")
 @click.option("--axes", type=int, help="With --family: number of position axes.")
 @click.option("--sections", help="With --family mrope: rotated pairs per axis, e.g. 16,24,24.")
+@click.option("--mrope-interleaved", is_flag=True,
+              help="With --family mrope: sections interleaved over the pairs (Qwen3-VL), not in chunks.")
 @click.option("--split", help="With --family axial: features per axis, e.g. 32,32 (default equal).")
 @click.option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
 def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplace, profile, seed,
           property_names, max_examples, timeout, json_path, junit_path, known_paths,
           no_known_failures, debug, family=None, axes=None, sections=None, split=None,
-          nd_base=None):
+          nd_base=None, mrope_interleaved=False):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
     if family or (target in ND_ADAPTERS):
         sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
                                                   axes, sections, split, layout,
-                                                  nd_base or (None if base is None else f"{base:g}")),
+                                                  nd_base or (None if base is None else f"{base:g}"),
+                                                  interleaved=mrope_interleaved or None),
                               dtypes, property_names,
                               RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples),
                               json_path, junit_path, debug))

@@ -4,9 +4,10 @@ Families and what TARGET must be:
 - ``axial`` (``--axes N``, ``--layout``, ``--base``, ``--split``): ``rope(x, positions)``,
   positions int64 (batch, seq, N); features split into N consecutive blocks (``--split``:
   features per block; default equal), a 1-D RoPE of its own width in each block.
-- ``mrope`` (``--sections 16,24,24``, ``--layout``, ``--base``): ``rope(x, positions)``,
-  positions int64 (batch, seq, len(sections)); one 1-D RoPE over head_dim = 2 * sum(sections),
-  pair i driven by the axis its section assigns (HF Qwen2-VL: half layout).
+- ``mrope`` (``--sections 16,24,24``, ``--layout``, ``--base``, ``--mrope-interleaved``):
+  ``rope(x, positions)``, positions int64 (batch, seq, len(sections)); one 1-D RoPE over
+  head_dim = 2 * sum(sections), pair i driven by the axis its section assigns, sections in
+  chunks (HF Qwen2-VL: half layout) or interleaved (Qwen3-VL).
 - ``nd`` (``--axes N``): spec-free N-D checks only (no reference).
 - ``rope-tie-builder``, ``rope-tv-builder`` (``--axes 2`` or ``3``), ``mrope-builder``:
   ``build_positions(segments) -> array (tokens, n_axes)`` (``reference.multimodal``).
@@ -70,6 +71,7 @@ class FamilySpec:
     split: Optional[str] = None
     layout: Optional[str] = None
     base: Optional[str] = None
+    interleaved: Optional[bool] = None  # mrope sections interleaved over the pairs (Qwen3-VL)
     extra: dict = field(default_factory=dict)
 
     def flags(self) -> list:
@@ -78,6 +80,8 @@ class FamilySpec:
                             ("--layout", self.layout), ("--base", self.base)):
             if value is not None:
                 words += [flag, str(value)]
+        if self.interleaved:
+            words.append("--mrope-interleaved")
         return words
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
@@ -87,7 +91,8 @@ class FamilySpec:
                 sections = parse_ints(self.sections, "--sections")
                 if sections is None:
                     raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
-                conv = ndref.mrope(sections, layout=self.layout or "half", base=float(parse_bases(self.base)))
+                conv = ndref.mrope(sections, layout=self.layout or "half", base=float(parse_bases(self.base)),
+                                   interleaved=bool(self.interleaved))
                 return len(sections), conv, (conv.head_dim,)
             n_axes = self.axes or 2
             if n_axes < 1 or n_axes > 8:

@@ -38,7 +38,7 @@ def _status(fn, prop, conv=CONV):
                            "float32", OPTIONS).status
 
 
-@pytest.mark.parametrize("conv", [CONV, mrope([2, 1, 1])])
+@pytest.mark.parametrize("conv", [CONV, mrope([2, 1, 1]), mrope([4, 2, 2], interleaved=True)])
 def test_correct_targets_pass(conv):
     for prop in ND_PROPERTIES:
         assert _status(_torch(conv), prop, conv) == "passed", prop
@@ -51,6 +51,8 @@ def test_seed_failure_modes_fail_their_property():
     assert _status(_noncommuting, "relativity-axis") == "failed"
     assert _status(_noncommuting, "commutation") == "failed"
     assert _status(_torch(CONV, lambda p: p[..., ::-1].copy()), "reference") == "failed"  # axes swapped
+    # sections in chunks where the declared scheme interleaves them (Qwen2-VL code on a Qwen3-VL model)
+    assert _status(_torch(mrope([4, 2, 2])), "reference", mrope([4, 2, 2], interleaved=True)) == "failed"
 
 
 def test_cli_family_exit_codes(tmp_path):
@@ -65,15 +67,24 @@ def test_cli_family_exit_codes(tmp_path):
     r = run(f"{good}:rope", "--family", "mrope")
     assert r.exit_code == 2 and "needs --sections" in r.output and "Traceback" not in r.output
     assert run(f"{good}:nothing", "--family", "axial", "--layout", "half").exit_code == 2
+    inter = tmp_path / "inter.py"
+    inter.write_text("from reference.nd import mrope\nimport torch\nC = mrope([4, 2, 2], interleaved=True)\n"
+                     "def rope(x, p):\n    return torch.from_numpy(C.apply(x.double().numpy(), p.numpy())).to(x.dtype)\n")
+    assert run(f"{inter}:rope", "--family", "mrope", "--sections", "4,2,2", "--mrope-interleaved").exit_code == 0
+    assert run(f"{inter}:rope", "--family", "mrope", "--sections", "4,2,2").exit_code == 1
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers is not installed (pip install transformers==5.23.0 torch==2.13.0)")
 def test_hf_qwen2vl_adapters():
-    from ropecheck.adapters.transformers_nd import build_mrope, build_rope_index, SECTIONS
+    from ropecheck.adapters.transformers_nd import (QWEN3_SECTIONS, SECTIONS, build_mrope, build_qwen3vl_mrope,
+                                                    build_rope_index)
     conv = mrope(SECTIONS)
     for prop in ("reference", "relativity-axis", "invertibility"):
         assert _status(build_mrope(), prop, conv) == "passed"
+    qwen3 = build_qwen3vl_mrope()
+    assert _status(qwen3, "reference", mrope(QWEN3_SECTIONS, interleaved=True)) == "passed"
+    assert _status(qwen3, "reference", mrope(QWEN3_SECTIONS)) == "failed"  # it does interleave
     build = build_rope_index()
     assert build([("text", 2), ("image", 2, 3), ("text", 1)])[-1].tolist() == [5, 5, 5]
     # the defect: after a video with t > max(h, w) the text restarts inside the video's time span

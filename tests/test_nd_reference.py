@@ -8,7 +8,8 @@ from reference.rope import apply_rope
 
 @pytest.mark.parametrize("conv", [axial(8, 2, layout="interleaved"), axial(12, 3, layout="half"),
                                   axial(10, 2, layout="half", split=[4, 6], base=[10000, 100]),
-                                  mrope([1, 2, 1], layout="half"), mrope([2, 1, 1], layout="interleaved")])
+                                  mrope([1, 2, 1], layout="half"), mrope([2, 1, 1], layout="interleaved"),
+                                  mrope([4, 2, 2], interleaved=True)])
 def test_pairs_equal_expm_and_relativity(conv):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(conv.head_dim)
@@ -29,6 +30,20 @@ def test_axial_is_1d_rope_per_block_and_mrope_text_is_1d():
     t = np.array([[[9, 9, 9], [4, 4, 4]]])  # text: (n, n, n) gives exactly 1-D RoPE (compatibility)
     x16 = rng.standard_normal((1, 2, 1, 16))
     np.testing.assert_allclose(mrope([2, 3, 3]).apply(x16, t), apply_rope(x16, t[..., 0], layout="half"))
+
+
+def test_interleaved_mrope_assigns_pairs_round_robin():
+    axis = mrope([24, 20, 20], interleaved=True).arrays[2]  # Qwen3-VL, head_dim 128
+    assert np.bincount(axis).tolist() == [24, 20, 20]
+    assert axis[:6].tolist() == [0, 1, 2, 0, 1, 2] and axis[60:].tolist() == [0, 0, 0, 0]
+    # HF cuts a section that does not fit below d/2 (here w's third pair would be pair 8 of 8)
+    assert np.bincount(mrope([2, 3, 3], interleaved=True).arrays[2]).tolist() == [3, 3, 2]
+    # chunked and interleaved agree on text (t = h = w), differ on an image position
+    x = np.random.default_rng(2).standard_normal((1, 1, 1, 16))
+    text, image = np.array([[[5, 5, 5]]]), np.array([[[5, 1, 2]]])
+    chunked, inter = mrope([4, 2, 2]), mrope([4, 2, 2], interleaved=True)
+    np.testing.assert_allclose(chunked.apply(x, text), inter.apply(x, text), atol=1e-12)
+    assert np.abs(chunked.apply(x, image) - inter.apply(x, image)).max() > 0.1
 
 
 def test_generator_validation():

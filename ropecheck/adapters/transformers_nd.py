@@ -1,7 +1,8 @@
-"""HF transformers Qwen2-VL M-RoPE: ``Qwen2VLRotaryEmbedding`` (sections from
-``rope_parameters["mrope_section"]``) + ``apply_rotary_pos_emb`` as an N-D rotation target,
-and ``Qwen2VLModel.get_rope_index`` as a position builder. Built from a tiny
-``Qwen2VLConfig``, never from the hub."""
+"""HF transformers M-RoPE: ``Qwen2VLRotaryEmbedding`` (sections in chunks, from
+``rope_parameters["mrope_section"]``) and ``Qwen3VLTextRotaryEmbedding`` (interleaved
+sections) + their ``apply_rotary_pos_emb`` as N-D rotation targets, and
+``Qwen2VLModel.get_rope_index`` as a position builder. Built from tiny configs, never from
+the hub."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
 INSTALL = "pip install transformers==5.23.0 torch==2.13.0"
 SECTIONS = (2, 3, 3)  # head_dim 16: small and fast; [16, 24, 24] is the same code path
+QWEN3_SECTIONS = (4, 2, 2)  # interleaved over 8 pairs: t 0,3,6,7  h 1,4  w 2,5 ([24, 20, 20] at 128)
 IMAGE_TOKEN, VIDEO_TOKEN = 151655, 151656
 
 
@@ -24,18 +26,31 @@ def _config():
                                         "spatial_merge_size": 1})
 
 
-def build_mrope():
-    import torch
-    from transformers.models.qwen2_vl import modeling_qwen2_vl as q
-
-    config = _config()
-    emb = q.Qwen2VLRotaryEmbedding(config.get_text_config())
-
+def _mrope_target(module, emb):
+    """HF's own pair of calls: cos, sin = rotary(x, position_ids (3, b, s)), then
+    apply_rotary_pos_emb on (b, heads, s, d) views."""
     def rope(x, positions):  # x (b, s, h, d); positions (b, s, 3) as (t, h, w)
         cos, sin = emb(x, positions.permute(2, 0, 1))
-        y, _ = q.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos, sin, unsqueeze_dim=1)
+        y, _ = module.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos, sin, unsqueeze_dim=1)
         return y.transpose(1, 2)
     return rope
+
+
+def build_mrope():
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as q
+    return _mrope_target(q, q.Qwen2VLRotaryEmbedding(_config().get_text_config()))
+
+
+def build_qwen3vl_mrope():
+    from transformers import Qwen3VLConfig
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as q
+
+    config = Qwen3VLConfig(text_config={
+        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 2 * sum(QWEN3_SECTIONS),
+        "num_hidden_layers": 1, "intermediate_size": 32, "vocab_size": 1000,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(QWEN3_SECTIONS),
+                            "mrope_interleaved": True}})
+    return _mrope_target(q, q.Qwen3VLTextRotaryEmbedding(config.get_text_config()))
 
 
 def build_rope_index():
@@ -78,3 +93,10 @@ register(Adapter(name="hf-qwen2vl-rope-index", library="transformers", build=bui
                  notes="builder: build_positions(segments)"))
 ND_ADAPTERS["hf-qwen2vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
 ND_ADAPTERS["hf-qwen2vl-rope-index"] = {"family": "mrope-builder"}
+register(Adapter(name="hf-qwen3vl-mrope", library="transformers", build=build_qwen3vl_mrope, convention=None,
+                 description=f"HF Qwen3VLTextRotaryEmbedding + apply_rotary_pos_emb, interleaved mrope_section "
+                             f"{list(QWEN3_SECTIONS)} (N-D: --family mrope --mrope-interleaved)",
+                 modules=("transformers",), install=INSTALL, backward=False,
+                 notes="N-D target: positions (batch, seq, 3)"))
+ND_ADAPTERS["hf-qwen3vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, QWEN3_SECTIONS)),
+                                   "layout": "half", "interleaved": True}
