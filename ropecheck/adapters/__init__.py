@@ -6,3 +6,4 @@ from ropecheck.adapters import hf, others, triton_kernels  # noqa: E402,F401  (r
 __all__ = ["ADAPTERS", "Adapter", "register"]
 
 from ropecheck.adapters import transformers_nd  # noqa: E402,F401  (N-D records; imports nothing heavy)
+from ropecheck.adapters import xpos  # noqa: E402,F401  (xPos records; imports nothing heavy)
