@@ -297,6 +297,24 @@ def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
                                 "the position is not used")
 
 
+def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Optional[str]:
+    """Why the target cannot be judged as xPos at all (every small call raises, or returns
+    something other than a pair of tensors), or None. Wrong values are left to the checks."""
+    problems = []
+    for head_dim in target.head_dims:
+        q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+        try:
+            PairCaller(target, timeout)(q, q.flip(1), torch.arange(3).reshape(1, 3))
+            return None
+        except CallError as exc:
+            if exc.kind not in ("raised", "type"):
+                return None
+            problems.append(f"on q, k {tuple(q.shape)} {dtype}: {exc}")
+        except TargetHung as exc:
+            return f"on q, k {tuple(q.shape)} {dtype}: {exc}"
+    return problems[0]
+
+
 def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, options: RunOptions,
                       reproduce: str = "") -> Result:
     ctx = XposContext(target, dtype, options.timeout)

@@ -25,7 +25,8 @@ from typing import Optional
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
 from properties.runner import RunOptions
-from properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property
+from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property,
+                                   smoke_call)
 from reference import nd as ndref
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
@@ -177,6 +178,11 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
         if spec.family == "xpos":
             target = spec.xpos_target()
             names = _select(property_names, XPOS_PROPERTIES)
+            for dtype in dtypes:
+                problem = smoke_call(target, dtype, options.timeout)
+                if problem:
+                    raise FamilyError(f"target {spec.target!r} does not follow xpos(q, k, positions) -> "
+                                      f"(q_out, k_out): {problem}")
 
             def run_one(name, dtype, command):
                 return run_xpos_property(XPOS_PROPERTIES[name], target, dtype, options, command)
