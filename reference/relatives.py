@@ -7,7 +7,8 @@ family is a negative control.
 
 - xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): q_m -> zeta^(m/s) R_m q,
   k_n -> zeta^(-n/s) R_n k per pair i, zeta_i = (2i/d + gamma)/(1 + gamma), gamma = 0.4,
-  s = scale_base (512), interleaved pairs. The score depends on n - m only (relativity of
+  s = scale_base (512), pairs in either layout (``interleaved`` as the paper's code, or
+  ``half``; ``reference.rope.pair_indices``). The score depends on n - m only (relativity of
   the scaled product), norms are not kept. The seed (004) writes zeta_n = (1+gamma)/(2n/d
   + gamma) with n = 1..d/2 and no scale_base, with q scaled by zeta^(-t), k by zeta^(s):
   the reciprocal of the paper's zeta, the same relative form, a different decay per pair
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.rope import DEFAULT_BASE, apply_rope, inv_freq
+from reference.rope import DEFAULT_BASE, apply_rope, inv_freq, pair_indices
 from reference.sinusoidal import sinusoidal_encoding
 
 XPOS_GAMMA = 0.4
@@ -54,19 +55,24 @@ def xpos_zeta(d: int, gamma: float = XPOS_GAMMA, *, seed_form: bool = False) -> 
     return (2 * i / d + gamma) / (1 + gamma)
 
 
-def apply_xpos(x, positions, *, role: str, base: float = DEFAULT_BASE, gamma: float = XPOS_GAMMA,
-               scale_base: float = XPOS_SCALE_BASE) -> np.ndarray:
+def apply_xpos(x, positions, *, role: str, layout: str = "interleaved", base: float = DEFAULT_BASE,
+               gamma: float = XPOS_GAMMA, scale_base: float = XPOS_SCALE_BASE) -> np.ndarray:
     """xPos on x (..., d) at integer positions (leading x's shape): R_m x with pair i scaled by
-    zeta_i^(m / scale_base) (role 'query') or zeta_i^(-m / scale_base) (role 'key')."""
+    zeta_i^(m / scale_base) (role 'query') or zeta_i^(-m / scale_base) (role 'key'); pair i is
+    the one ``pair_indices(d, layout)`` names."""
     if role not in ("query", "key"):
         raise ValueError(f"role must be 'query' or 'key', got {role!r}")
     x = np.asarray(x, dtype=np.float64)
     m = np.asarray(positions, dtype=np.float64)
     d = x.shape[-1]
+    first, second = pair_indices(d, layout)
     power = (m / scale_base) * (1.0 if role == "query" else -1.0)
-    scale = xpos_zeta(d, gamma)[None] ** power.reshape(-1, 1)
-    scale = np.repeat(scale, 2, axis=-1).reshape(m.shape + (1,) * (x.ndim - 1 - m.ndim) + (d,))
-    return apply_rope(x, positions, layout="interleaved", base=base) * scale
+    pair_scale = xpos_zeta(d, gamma) ** power[..., None]  # (*positions.shape, d/2)
+    scale = np.empty(m.shape + (d,))
+    scale[..., first] = pair_scale
+    scale[..., second] = pair_scale
+    scale = scale.reshape(m.shape + (1,) * (x.ndim - 1 - m.ndim) + (d,))
+    return apply_rope(x, positions, layout=layout, base=base) * scale
 
 
 # --- linear attention with RoPE (seed eq. 10/11) -------------------------------------

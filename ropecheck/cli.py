@@ -88,17 +88,20 @@ def main():
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.option("--family", type=click.Choice(ND_FAMILIES),
               help="N-D / multimodal target: axial, mrope, nd, or a position builder "
-                   "(rope-tie-builder, rope-tv-builder, mrope-builder). See README 'N-D and multimodal'.")
+                   "(rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> "
+                   "(q_out, k_out). See README 'N-D and multimodal'.")
 @click.option("--axes", type=int, help="With --family: number of position axes.")
 @click.option("--sections", help="With --family mrope: rotated pairs per axis, e.g. 16,24,24.")
 @click.option("--mrope-interleaved", is_flag=True,
               help="With --family mrope: sections interleaved over the pairs (Qwen3-VL), not in chunks.")
 @click.option("--split", help="With --family axial: features per axis, e.g. 32,32 (default equal).")
 @click.option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
+@click.option("--scale-base", type=float, help="With --family xpos: the scale base s of zeta^(m/s) (default 512).")
+@click.option("--gamma", type=float, help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
 def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplace, profile, seed,
           property_names, max_examples, timeout, json_path, junit_path, known_paths,
           no_known_failures, debug, family=None, axes=None, sections=None, split=None,
-          nd_base=None, mrope_interleaved=False):
+          nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
@@ -106,10 +109,11 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
         sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
                                                   axes, sections, split, layout,
                                                   nd_base or (None if base is None else f"{base:g}"),
-                                                  interleaved=mrope_interleaved or None),
+                                                  scale_base, gamma, interleaved=mrope_interleaved or None),
                               dtypes, property_names,
                               RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples),
-                              json_path, junit_path, debug))
+                              json_path, junit_path, debug,
+                              (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
     spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
                       scaling=scaling)
     try:

@@ -11,6 +11,9 @@ Families and what TARGET must be:
 - ``nd`` (``--axes N``): spec-free N-D checks only (no reference).
 - ``rope-tie-builder``, ``rope-tv-builder`` (``--axes 2`` or ``3``), ``mrope-builder``:
   ``build_positions(segments) -> array (tokens, n_axes)`` (``reference.multimodal``).
+- ``xpos`` (``--layout``, ``--base``, ``--scale-base``, ``--gamma``; defaults interleaved,
+  10000, 512, 0.4): ``xpos(q, k, positions) -> (q_out, k_out)``, positions int64 (batch, seq)
+  (``properties.xpos_checks``).
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ from typing import Optional
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
 from properties.runner import RunOptions
+from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property,
+                                   smoke_call)
 from reference import nd as ndref
+from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
-FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES)
+FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES) + ("xpos",)
 ND_DEFAULT_DTYPES = ("float32", "bfloat16")
-
 
 
 class FamilyError(ValueError):
@@ -71,18 +76,36 @@ class FamilySpec:
     split: Optional[str] = None
     layout: Optional[str] = None
     base: Optional[str] = None
+    scale_base: Optional[float] = None
+    gamma: Optional[float] = None
     interleaved: Optional[bool] = None  # mrope sections interleaved over the pairs (Qwen3-VL)
     extra: dict = field(default_factory=dict)
 
     def flags(self) -> list:
         words = ["--family", self.family]
         for flag, value in (("--axes", self.axes), ("--sections", self.sections), ("--split", self.split),
-                            ("--layout", self.layout), ("--base", self.base)):
+                            ("--layout", self.layout), ("--base", self.base),
+                            ("--scale-base", self.scale_base), ("--gamma", self.gamma)):
             if value is not None:
-                words += [flag, str(value)]
+                words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if self.interleaved:
             words.append("--mrope-interleaved")
         return words
+
+    def xpos_target(self) -> XposTarget:
+        """The xPos convention (defaults: the paper's, interleaved as its code) and the
+        largest position the target's adapter declares (default XPOS_MAX_POSITION)."""
+        base = parse_bases(self.base)
+        if isinstance(base, list):
+            raise FamilyError("--family xpos takes one --base")
+        try:
+            given = {"gamma": self.gamma, "scale_base": self.scale_base}
+            conv = XposConvention(self.layout or "interleaved", base,
+                                  **{k: float(v) for k, v in given.items() if v is not None})
+        except ValueError as exc:
+            raise FamilyError(str(exc)) from None
+        fn, declared = _load_callable(self.target, rope_signature=False)
+        return XposTarget(self.target, fn, conv, max_position=min(declared or XPOS_MAX_POSITION, XPOS_MAX_POSITION))
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
         """(n_axes, reference convention or None, head sizes to draw)."""
@@ -111,8 +134,8 @@ class FamilySpec:
             raise FamilyError(str(exc)) from None
 
 
-def _load_callable(spec: str, builder: bool):
-    """(callable, largest position per axis it accepts or None)."""
+def _load_callable(spec: str, rope_signature: bool):
+    """(callable, largest position (per axis) it accepts or None)."""
     from ropecheck.loading import TargetLoadError, _import_file, _import_module, check_signature, load
     try:
         if spec in ADAPTERS:
@@ -132,7 +155,7 @@ def _load_callable(spec: str, builder: bool):
         obj = getattr(obj, "fn", obj)
         if not callable(obj):
             raise FamilyError(f"{spec} is not callable")
-        if not builder:
+        if rope_signature:
             check_signature(obj)
         return obj, max_position
     except TargetLoadError as exc:
@@ -152,31 +175,43 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     if spec.family in BUILDER_FAMILIES:
         fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
             builder_checks.family(BUILDER_FAMILIES[spec.family])
-        fn, _ = _load_callable(spec.target, builder=True)
+        fn, _ = _load_callable(spec.target, rope_signature=False)
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
             runs.append((name, "-", lambda name=name: builder_checks.run_builder_property(
                 name, fn, fam, options, f"{reproduce} --property {name}")))
         dtypes = ["-"]
     else:
-        n_axes, conv, head_dims = spec.convention()
-        fn, max_position = _load_callable(spec.target, builder=False)
-        targets = []
-        convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
-        for d, c in zip(head_dims, convs):
+        if spec.family == "xpos":
+            target = spec.xpos_target()
+            names = _select(property_names, XPOS_PROPERTIES)
+            for dtype in dtypes:
+                problem = smoke_call(target, dtype, options.timeout)
+                if problem:
+                    raise FamilyError(f"target {spec.target!r} does not follow xpos(q, k, positions) -> "
+                                      f"(q_out, k_out): {problem}")
+
+            def run_one(name, dtype, command):
+                return run_xpos_property(XPOS_PROPERTIES[name], target, dtype, options, command)
+        else:
+            n_axes, conv, head_dims = spec.convention()
+            fn, max_position = _load_callable(spec.target, rope_signature=True)
+            convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
             try:
-                targets.append(NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position))
+                targets = [NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position)
+                           for d, c in zip(head_dims, convs)]
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None
-        names = _select(property_names, ND_PROPERTIES)
+            names = _select(property_names, ND_PROPERTIES)
+
+            def run_one(name, dtype, command):
+                results = [run_nd_property(ND_PROPERTIES[name], t, dtype, options, command) for t in targets]
+                bad = [r for r in results if r.status in ("failed", "error")]
+                return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
         for dtype in dtypes:
             for name in names:
-                def run(name=name, dtype=dtype):
-                    results = [run_nd_property(ND_PROPERTIES[name], t, dtype, options,
-                                               f"{reproduce} --dtype {dtype} --property {name}") for t in targets]
-                    bad = [r for r in results if r.status in ("failed", "error")]
-                    return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
-                runs.append((name, dtype, run))
+                runs.append((name, dtype, lambda name=name, dtype=dtype: run_one(
+                    name, dtype, f"{reproduce} --dtype {dtype} --property {name}")))
     shell = SimpleNamespace(
         target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False),
         dtypes=list(dtypes), properties=[SimpleNamespace(name=n) for n in names], options=options,
@@ -207,8 +242,10 @@ def reproduce_command(spec: FamilySpec, profile, seed) -> str:
 
 
 def check_family(console, spec: FamilySpec, dtypes, property_names, options: RunOptions,
-                 json_path=None, junit_path=None, debug=False) -> int:
-    """Run a --family check; returns the exit status (0 passed, 1 failed, 2 unusable/error)."""
+                 json_path=None, junit_path=None, debug=False,
+                 known_paths=(known_failures.DEFAULT_FILE,)) -> int:
+    """Run a --family check; returns the exit status (0 passed, 1 failed, 2 unusable/error).
+    Failures that a record in ``known_paths`` excuses show as ``known``."""
     from ropecheck.output import print_failures, results_table, write_json, write_junit
     from ropecheck.session import resolve_dtypes
 
@@ -217,13 +254,14 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
         dtype_list = resolve_dtypes(names, SimpleNamespace(dtypes=ND_DEFAULT_DTYPES))[0]
         runs, shell = build_session(spec, dtype_list, property_names, options,
                                     reproduce_command(spec, options.profile, options.seed))
-    except (FamilyError, KeyError) as exc:
+        known = known_failures.load(known_paths)
+    except (FamilyError, KeyError, ValueError) as exc:
         console.print(f"[bold red]ropecheck:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     console.print(f"Family {spec.family}: " + " ".join(spec.flags()[2:]) if len(spec.flags()) > 2
                   else f"Family {spec.family}")
     for name, dtype, run in runs:
-        shell.results.append(run())
+        shell.results += known_failures.apply(spec.target, [run()], known)
     shell.verdict = verdict(shell.results)
     console.print(results_table(shell))
     print_failures(console, shell)

@@ -5,4 +5,4 @@ from ropecheck.adapters import hf, others, triton_kernels  # noqa: E402,F401  (r
 
 __all__ = ["ADAPTERS", "Adapter", "register"]
 
-from ropecheck.adapters import axial_nd, transformers_nd  # noqa: E402,F401  (N-D records; import nothing heavy)
+from ropecheck.adapters import axial_nd, transformers_nd, xpos  # noqa: E402,F401  (N-D and xPos records; import nothing heavy)

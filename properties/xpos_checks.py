@@ -1,0 +1,334 @@
+"""Property checks of xPos targets (``ropecheck check TARGET --family xpos``).
+
+Contract: ``xpos(q, k, positions) -> (q_out, k_out)``; q, k torch tensors (batch, seq, heads,
+head_dim) of one dtype, positions int64 (batch, seq), the same positions for queries and keys
+(self-attention). q_out, k_out have q's shape and dtype, are finite, and q, k, positions are
+left untouched. xPos (Sun et al. 2022) maps, per pair i (``reference.relatives.apply_xpos``),
+
+    q_m -> zeta_i^((m - c)/s) R_m q,   k_n -> zeta_i^(-(n - c)/s) R_n k,
+    zeta_i = (2i/d + gamma)/(1 + gamma),
+
+for any centre c that is the same for q and k within one call (rotary-embedding-torch centres
+on seq_len // 2, x-transformers on (max position + 1) // 2; the paper's form has c = 0). Single
+outputs therefore are not comparable between implementations; the scores are, and they are
+what xPos promises (relativity of the scaled product, not of norms):
+
+    s(m, n) = q_out[m] . k_out[n] = sum_i zeta_i^((m - n)/s) [R_m q]_i . [R_n k]_i.
+
+Checks: contract; reference-scores (every s(m, n), computed in float64 from the outputs, vs
+the float64 reference); relativity (all positions shifted by c: scores unchanged);
+position-used (moving one token by 1009 changes its scores with the others: the relative
+distance is used).
+
+Error model (per score, written with relative errors so that c cancels from the prefactor).
+Pair i of the query output is zeta_i^((m-c)/s) R_m q_i times (1 + e_q), |e_q| <= eps_i(m), and
+likewise for the key at n, so
+
+    |s_hat(m, n) - s(m, n)| <= sum_i |q_i| |k_i| zeta_i^((m-n)/s) (eps_i(m) + eps_i(n) + eps_i(m) eps_i(n))
+                               + floor (|q_out[m]|_1 + |k_out[n]|_1),
+
+where |q_i| is the pair's norm and the scores are summed in float64 (no accumulation term).
+eps_i(m), the relative error of one output pair, has three parts:
+
+1. the rotation, the 1-D model of ``ropecheck.tolerance`` for a whole pair vector:
+   sqrt(2) (K_OPS u + dphi_i(m)), dphi_i(m) = 2^-24 |m| theta_i (2 e_i ln(base) + 6), the
+   float32 angle (the rotation uses the uncentred m);
+2. XPOS_OPS u = 3u, u the compute unit (output dtype, never finer than float32): the scale
+   rounded to the compute dtype, its reciprocal for the key, and the extra product by it;
+3. the scale zeta_i^p, p = (m - c)/s, formed in float32 (u32 = 2^-24):
+   pow and the reciprocal 5 u32 (2 ulp + 1); the exponent p rounded once, |ln zeta_i| |p| u32;
+   zeta_i formed from 2i + gamma d and (1 + gamma) d with four roundings, 4 |p| u32. So
+   u32 (5 + |p| (|ln zeta_i| + 4)). The centre is unknown; assuming 0 <= c <= M, M the
+   largest position the run draws (true of both libraries; an implementation caching its
+   scales may centre on an earlier, longer call), |m - c| <= max(|m|, M - |m|).
+
+Buggy targets land far outside: a scale formed or stored in bfloat16/float16 errs by 2^-9 /
+2^-11 relative (100 to 500 times the float32 allowance); a wrong gamma, a key scaled by
+zeta^(+n/s) or no scale at all change scores by a factor zeta^(+-1/s) - 1 >= 2.4e-3 per unit
+of distance on pair 0; a wrong layout or ignored positions by O(1).
+
+Positions: 0 .. M with M = XPOS_MAX_POSITION = 4096 (an adapter may declare less), so
+|exponent| <= M/s = 8 and zeta_0^(+-8) <= 3.5^8 ~ 2.3e4 even uncentred: finite in every dtype
+(float16 included), while the uncentred paper form overflows float32 past m ~ 36000 (s = 512)
+and a centred one past twice that. Distances range over 0 .. M as well.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from properties.assertions import assert_close, assert_distinct
+from properties.cases import as_float64
+from properties.nd_checks import run_simple
+from properties.runner import Result, RunOptions
+from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
+from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
+from ropecheck.calling import Caller, CallError, TargetHung, strided_copy
+from ropecheck.dtypes import torch_dtype
+from ropecheck.tolerance import U32, ErrorModel
+
+XPOS_MAX_POSITION = 4096
+XPOS_OPS = 3.0  # the scale: rounded to the compute dtype, its reciprocal, the extra product
+SCALE_POW_CONST = 5.0  # pow (2 ulp) and the key's reciprocal (1 rounding), in u32
+ZETA_CONST = 4.0  # roundings forming zeta_i in float32
+POSITION_STEP = 1009  # position-used: a prime step, so no pair's rotation comes back to itself
+SCORE_AXES = ("batch", "head", "query", "key")
+
+
+@dataclass(frozen=True)
+class XposConvention:
+    layout: str = "interleaved"
+    base: float = DEFAULT_BASE
+    gamma: float = XPOS_GAMMA
+    scale_base: float = XPOS_SCALE_BASE
+
+    def __post_init__(self):
+        check_layout(self.layout)
+        if not (self.base > 1 and self.scale_base > 0 and self.gamma > 0):
+            raise ValueError(f"xPos needs base > 1, scale_base > 0, gamma > 0; got {self}")
+
+    @property
+    def description(self) -> str:
+        return (f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, "
+                f"gamma {self.gamma:g}")
+
+    def scores(self, q64, k64, positions) -> np.ndarray:
+        """Reference scores (batch, heads, query, key) in float64."""
+        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
+        return _scores(apply_xpos(q64, positions, role="query", **kw),
+                       apply_xpos(k64, positions, role="key", **kw))
+
+
+@dataclass
+class XposTarget:
+    name: str
+    fn: Callable  # xpos(q, k, positions) -> (q_out, k_out)
+    convention: XposConvention = field(default_factory=XposConvention)
+    head_dims: tuple = (8, 64)
+    max_position: int = XPOS_MAX_POSITION
+    inplace: bool = False  # read by Caller
+
+    def __call__(self, qk, positions):
+        return self.fn(qk[0], qk[1], positions)
+
+
+class PairCaller(Caller):
+    """Calls ``xpos(q, k, positions)`` under the contract (time limit, exceptions as findings,
+    each output checked like a RoPE output, inputs untouched)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple:
+        args, pos = (strided_copy(q), strided_copy(k)), positions.clone()
+        out = self._invoke(args, pos)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+            raise CallError("type", f"the target returned {what}, expected a pair (q_out, k_out)")
+        for name, y, x, arg in zip(("q_out", "k_out"), out, (q, k), args):
+            try:
+                self._validate(y, x)
+            except CallError as exc:
+                raise CallError(exc.kind, f"{name}: {exc}") from None
+            if not torch.equal(arg, x):
+                raise CallError("mutated", f"the target modified its input {name[0]} in place")
+        if not torch.equal(pos, positions):
+            raise CallError("mutated", "the target modified its positions argument")
+        return tuple(y.detach() for y in out)
+
+
+@dataclass(frozen=True)
+class XposCase:
+    dtype: str
+    shape: tuple  # (batch, seq, heads, head_dim)
+    positions: tuple  # nested (batch, seq)
+    seed: int = 0
+
+    def positions_array(self) -> np.ndarray:
+        return np.asarray(self.positions, dtype=np.int64).reshape(self.shape[:2])
+
+    def tensor(self, salt: int) -> torch.Tensor:
+        v = np.random.default_rng([self.seed, salt]).standard_normal(self.shape)
+        return torch.from_numpy(v).to(torch_dtype(self.dtype))
+
+    def describe(self) -> str:
+        return (f"q, k: shape {self.shape} {self.dtype}, seed {self.seed} (q salt 0, k salt 1); "
+                f"positions {self.positions_array().tolist()}")
+
+
+def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0):
+    """Positions in 0 .. max_position - headroom: a tight cluster or spread over the range."""
+    top = target.max_position - headroom
+
+    @st.composite
+    def draw(d):
+        b, s, h = d(st.integers(1, 2)), d(st.integers(min_seq, 5)), d(st.integers(1, 2))
+        spread = min(d(st.sampled_from((8, 64, top))), top)
+        start = d(st.sampled_from((0, 0, 7, 1000, top - spread)))
+        start = max(0, min(start, top - spread))
+        p = d(st.lists(st.integers(0, spread), min_size=b * s, max_size=b * s))
+        p = (np.asarray(p, dtype=np.int64) + start).reshape(b, s)
+        return XposCase(dtype, (b, s, h, d(st.sampled_from(target.head_dims))), tuple(map(tuple, p.tolist())),
+                        d(st.integers(0, 2**16)))
+    return draw()
+
+
+def _scores(q, k) -> np.ndarray:
+    return np.einsum("bihd,bjhd->bhij", q, k)
+
+
+@dataclass
+class XposContext:
+    target: XposTarget
+    dtype: str
+    timeout: Optional[float] = 20.0
+    call: PairCaller = field(init=False)
+    model: ErrorModel = field(init=False)
+
+    def __post_init__(self):
+        self.call = PairCaller(self.target, self.timeout)
+        self.model = ErrorModel(self.dtype)
+
+    def scores(self, q, k, positions: np.ndarray) -> tuple:
+        """(scores, allowed error), each (batch, heads, query, key), in float64."""
+        qo, ko = self.call(q, k, torch.from_numpy(np.array(positions, dtype=np.int64)))
+        qo, ko = as_float64(qo), as_float64(ko)
+        return _scores(qo, ko), self.score_bound(as_float64(q), as_float64(k), positions, qo, ko)
+
+    def pair_error(self, positions: np.ndarray, head_dim: int) -> np.ndarray:
+        """eps_i(m) of the module docstring: (batch, seq, head_dim/2)."""
+        conv, model = self.target.convention, self.model
+        m = np.abs(positions).astype(np.float64)
+        rotation = math.sqrt(2.0) * model.relative_bound(model.angle_error(m, inv_freq(head_dim, conv.base)))
+        power = np.maximum(m, self.target.max_position - m)[..., None] / conv.scale_base
+        ln_zeta = np.abs(np.log(xpos_zeta(head_dim, conv.gamma)))
+        scale = U32 * (SCALE_POW_CONST + power * (ln_zeta + ZETA_CONST))
+        return rotation + XPOS_OPS * model.unit + scale
+
+    def score_bound(self, q64, k64, positions, q_out, k_out) -> np.ndarray:
+        conv = self.target.convention
+        head_dim = q64.shape[-1]
+        i, j = pair_indices(head_dim, conv.layout)
+        nq, nk = np.hypot(q64[..., i], q64[..., j]), np.hypot(k64[..., i], k64[..., j])  # (b, s, h, d/2)
+        distance = (positions[:, :, None] - positions[:, None, :]) / conv.scale_base  # (b, query, key)
+        decay = xpos_zeta(head_dim, conv.gamma) ** distance[..., None]  # (b, query, key, d/2)
+        eps = self.pair_error(positions, head_dim)
+        eq, ek = eps[:, :, None, :], eps[:, None, :, :]
+        bound = np.einsum("bihp,bjhp,bijp->bhij", nq, nk, decay * (eq + ek + eq * ek))
+        l1q, l1k = np.abs(q_out).sum(-1), np.abs(k_out).sum(-1)  # (b, s, h)
+        floor = self.model.floor * (l1q.transpose(0, 2, 1)[..., :, None] + l1k.transpose(0, 2, 1)[..., None, :])
+        return bound + floor
+
+
+@dataclass(frozen=True)
+class XposProperty:
+    name: str
+    formula: str
+    check: Callable  # check(ctx, case, **extras) -> float
+    extras: Callable = lambda ctx, case: st.just({})
+    min_seq: int = 1
+    headroom: int = 0  # positions drawn up to max_position - headroom
+
+
+XPOS_PROPERTIES: dict[str, XposProperty] = {}
+
+
+def xpos_register(**kwargs):
+    def wrap(check):
+        XPOS_PROPERTIES[kwargs["name"]] = XposProperty(check=check, **kwargs)
+        return check
+    return wrap
+
+
+@xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's shape and dtype, "
+                                        "finite, q, k and P untouched")
+def xpos_contract(ctx: XposContext, case: XposCase) -> float:
+    ctx.call(case.tensor(0), case.tensor(1), torch.from_numpy(case.positions_array()))  # checks all of it
+    return 0.0
+
+
+@xpos_register(name="reference-scores",
+               formula="q_out[m] . k_out[n] = sum_i zeta_i^((m-n)/s) [R_m q]_i . [R_n k]_i (float64 reference)")
+def xpos_reference_scores(ctx: XposContext, case: XposCase) -> float:
+    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
+    got, bound = ctx.scores(q, k, p)
+    expected = ctx.target.convention.scores(as_float64(q), as_float64(k), p)
+    return assert_close(got, expected, bound, axes=SCORE_AXES,
+                        what=f"scores vs the float64 reference ({ctx.target.convention.description})")
+
+
+@xpos_register(name="relativity", formula="scores at P + c = scores at P (all positions shifted by c)",
+               extras=lambda ctx, case: st.fixed_dictionaries({"c": st.integers(
+                   -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max()))}))
+def xpos_relativity(ctx: XposContext, case: XposCase, c: int) -> float:
+    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
+    s0, b0 = ctx.scores(q, k, p)
+    s1, b1 = ctx.scores(q, k, p + c)
+    return assert_close(s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}")
+
+
+@xpos_register(name="position-used", min_seq=2, headroom=POSITION_STEP,
+               formula="moving the last token by 1009 changes its scores with the others (distance is used); "
+                       "q = k = u, the unit vector of pair 0")
+def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
+    """With q = k = u on pair 0 alone, s(m, n) = zeta_0^((m-n)/s) cos((m-n) theta_0): one term, so
+    the noise cannot cancel against other pairs. Moving the key by c = 1009 multiplies it by
+    zeta_0^(-c/s) ~ 11.8 (gamma 0.4) and turns it by c theta_0; moving the query divides it.
+    Per (batch, head) the most-changed of those scores must move beyond its noise."""
+    p = case.positions_array()
+    u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))
+    u[..., int(pair_indices(case.shape[-1], ctx.target.convention.layout)[0][0])] = 1.0
+    moved = p.copy()
+    moved[:, -1] += POSITION_STEP
+    s0, b0 = ctx.scores(u, u, p)
+    s1, b1 = ctx.scores(u, u, moved)
+
+    def affected(s):  # scores between the last token and the others: (batch, head, 2 (seq - 1))
+        return np.concatenate([s[..., :-1, -1], s[..., -1, :-1]], axis=-1)
+
+    change, noise = np.abs(affected(s1) - affected(s0)), affected(b0) + affected(b1)
+    best = np.argmax(change / np.maximum(noise, np.finfo(np.float64).tiny), axis=-1)[..., None]
+    return assert_distinct(np.take_along_axis(change, best, -1)[..., 0], 0.0, np.take_along_axis(noise, best, -1)[..., 0],
+                           axes=("batch", "head"),
+                           what=f"moving the last token by {POSITION_STEP} leaves its scores unchanged: "
+                                "the position is not used")
+
+
+def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Optional[str]:
+    """Why the target cannot be judged as xPos at all (every small call raises, or returns
+    something other than a pair of tensors), or None. Wrong values are left to the checks."""
+    problems = []
+    for head_dim in target.head_dims:
+        q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+        try:
+            PairCaller(target, timeout)(q, q.flip(1), torch.arange(3).reshape(1, 3))
+            return None
+        except CallError as exc:
+            if exc.kind not in ("raised", "type"):
+                return None
+            problems.append(f"on q, k {tuple(q.shape)} {dtype}: {exc}")
+        except TargetHung as exc:
+            return f"on q, k {tuple(q.shape)} {dtype}: {exc}"
+    return problems[0]
+
+
+def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, options: RunOptions,
+                      reproduce: str = "") -> Result:
+    ctx = XposContext(target, dtype, options.timeout)
+
+    @st.composite
+    def inputs(d):
+        case = d(xpos_cases(target, dtype, prop.min_seq, prop.headroom))
+        return case, d(prop.extras(ctx, case))
+
+    def check(drawn):
+        case, extras = drawn
+        return prop.check(ctx, case, **extras)
+
+    try:
+        return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)
+    except TargetHung as exc:  # not retried: every shrinking step would wait out the limit again
+        return Result(prop.name, dtype, "failed", prop.formula, message=f"CallError: {exc}", reproduce=reproduce)

@@ -1,0 +1,117 @@
+"""xPos checks: a correct float32 torch xPos (both layouts, centred or not) passes every check;
+each deliberately broken variant fails the check meant for it; the CLI's exit codes; the two
+library adapters."""
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from properties.runner import RunOptions
+from properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property
+from reference.relatives import apply_xpos
+from reference.rope import pair_indices
+from ropecheck.cli import main
+
+OPTIONS = RunOptions(profile="ci", max_examples=8)
+
+
+def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.float32, scaled=True,
+              positions_used=True, centre=True):
+    """A float32 torch xPos; the keyword arguments break it one way each."""
+    def xpos(q, k, positions):
+        d = q.shape[-1]
+        first, second = (torch.from_numpy(a) for a in pair_indices(d, layout))
+        pos = positions if positions_used else torch.arange(q.shape[1]).expand_as(positions)
+        pos = pos.to(torch.float32)
+        theta = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        angle = pos[..., None, None] * theta  # (b, s, 1, d/2)
+        zeta = (torch.arange(0, d, 2, dtype=torch.float32) / d + gamma) / (1 + gamma)
+        power = (pos - (pos.max() + 1).floor_divide(2) if centre else pos)[..., None, None] / 512.0
+        scale_q = (zeta ** power).to(scale_dtype).to(torch.float32) if scaled else 1.0
+        scale_k = (zeta ** (key_sign * power)).to(scale_dtype).to(torch.float32) if scaled else 1.0
+
+        def rotate(x, scale):
+            a, b = x[..., first].float(), x[..., second].float()
+            out = torch.empty_like(x, dtype=torch.float32)
+            out[..., first] = (a * angle.cos() - b * angle.sin()) * scale
+            out[..., second] = (a * angle.sin() + b * angle.cos()) * scale
+            return out.to(x.dtype)
+        return rotate(q, scale_q), rotate(k, scale_k)
+    return xpos
+
+
+def _status(fn, prop, layout="interleaved"):
+    target = XposTarget("t", fn, XposConvention(layout), head_dims=(8, 16))
+    return run_xpos_property(XPOS_PROPERTIES[prop], target, "float32", OPTIONS).status
+
+
+def test_reference_layouts_are_one_map_up_to_the_permutation():
+    x = np.random.default_rng(0).standard_normal((3, 8))
+    p = np.array([0, 5, 900])
+    perm = np.stack(pair_indices(8, "half"), -1).reshape(-1)  # half features in interleaved order
+    inter = apply_xpos(x[:, perm], p, role="key", layout="interleaved")
+    np.testing.assert_allclose(apply_xpos(x, p, role="key", layout="half")[:, perm], inter, rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("centre", [True, False])
+def test_correct_xpos_passes_every_check(layout, centre):
+    for prop in XPOS_PROPERTIES:
+        assert _status(make_xpos(layout, centre=centre), prop, layout) == "passed", prop
+
+
+@pytest.mark.parametrize("broken, fails", [
+    (dict(key_sign=1.0), ("reference-scores", "relativity")),  # q and k both scaled by zeta^(m/s)
+    (dict(gamma=0.5), ("reference-scores",)),
+    (dict(scaled=False), ("reference-scores",)),
+    (dict(scale_dtype=torch.bfloat16), ("reference-scores", "relativity")),  # precision bug
+    (dict(scale_dtype=torch.float16), ("reference-scores",)),
+    (dict(layout="half"), ("reference-scores",)),  # declared interleaved
+    (dict(positions_used=False), ("reference-scores", "position-used")),  # arange: shifts are moot
+])
+def test_broken_xpos_fails_its_checks(broken, fails):
+    for prop in fails:
+        assert _status(make_xpos(**broken), prop) == "failed", prop
+
+
+def _pair_contract_breakers():
+    yield lambda q, k, p: q  # one tensor, not a pair
+    yield lambda q, k, p: (q, k, q)
+    yield lambda q, k, p: (q[:, :1], k)
+    yield lambda q, k, p: (q.double(), k)
+    yield lambda q, k, p: (q, k * float("nan"))
+    yield lambda q, k, p: (q.mul_(2), k)
+    yield lambda q, k, p: 1 / 0
+
+
+def test_contract_turns_bad_outputs_into_findings():
+    for fn in _pair_contract_breakers():
+        target = XposTarget("t", fn, XposConvention(), head_dims=(8,))
+        result = run_xpos_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
+        assert result.status == "failed" and result.message, result
+
+
+def test_cli_xpos_exit_codes(tmp_path):
+    good = tmp_path / "xp.py"
+    good.write_text("from tests.test_xpos_checks import make_xpos\n"
+                    "good = make_xpos('half')\nbad = make_xpos('half', key_sign=1.0)\n"
+                    "def single(q, k, p):\n    return good(q, k, p)[0]\n")
+    run = lambda *a: CliRunner().invoke(main, ["check", *a, "--family", "xpos", "--layout", "half", "--profile", "ci",
+                                               "--max-examples", "4", "--dtype", "float32"])
+    assert run(f"{good}:good").exit_code == 0
+    assert run(f"{good}:bad").exit_code == 1
+    r = run(f"{good}:single")
+    assert r.exit_code == 2 and "expected a pair" in r.output and "Traceback" not in r.output
+    r = run(f"{good}:good", "--gamma", "-1")
+    assert r.exit_code == 2 and "gamma" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("name, module", [("x-transformers-xpos", "x_transformers"),
+                                          ("rotary-embedding-torch-xpos", "rotary_embedding_torch")])
+def test_library_adapters(name, module):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    r = CliRunner().invoke(main, ["check", name, "--profile", "ci", "--max-examples", "6", "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
