@@ -57,11 +57,11 @@ def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXE
 
 def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> float:
     """|a - b| > bound elementwise (things that must differ do, beyond rounding noise).
-    Returns the largest bound / |a - b| (<= 1 passes)."""
+    Returns the largest bound / |a - b| (<= 1 passes; inf where a and b are equal)."""
     __tracebackhide__ = True
     diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     bound = np.broadcast_to(np.asarray(bound, np.float64), diff.shape)
-    ratio = bound / np.maximum(diff, np.finfo(np.float64).tiny)
+    ratio = np.divide(bound, diff, out=np.full(diff.shape, np.inf), where=diff > 0)
     flat = int(np.argmax(ratio))
     worst = float(ratio.flat[flat])
     if worst <= 1.0:

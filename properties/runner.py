@@ -3,6 +3,8 @@ against a target for one dtype under a hypothesis profile, and say what happened
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -50,7 +52,13 @@ class Result:
     accuracy: Optional[dict] = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "max_error": json_number(self.max_error)}
+
+
+def json_number(value):
+    """A float as strict JSON takes it: non-finite (inf: outputs that must differ are equal)
+    as the string "inf"."""
+    return str(value) if value is not None and not math.isfinite(value) else value
 
 
 @dataclass

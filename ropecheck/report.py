@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from properties.runner import RunOptions, selected_properties
+from properties.runner import RunOptions, json_number, selected_properties
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.catalog import Entry, library_version
@@ -55,9 +55,9 @@ class TargetReport:
                        else "known" if "known" in statuses else "passed")
             out[dtype] = {
                 "verdict": verdict,
-                "properties": {r.property: {"status": r.status, "max_error": r.max_error}
+                "properties": {r.property: {"status": r.status, "max_error": json_number(r.max_error)}
                                for r in results},
-                "max_normalised_error": max(errors) if errors else None,
+                "max_normalised_error": json_number(max(errors)) if errors else None,
                 "accuracy_horizon": accuracy.get("horizon"),
                 "error_profile": {k: accuracy.get(k) for k in ("positions", "relative_error")}
                 if accuracy.get("positions") else None,
@@ -148,7 +148,7 @@ def to_markdown(data: dict, command: str, figures: list[str]) -> str:
                 cells.append("not callable")
             else:
                 err = s["max_normalised_error"]
-                cells.append(f"{_cell(s)}<br>{err:.2g} / {s['accuracy_horizon']}" if err is not None
+                cells.append(f"{_cell(s)}<br>{float(err):.2g} / {s['accuracy_horizon']}" if err is not None
                              else _cell(s))
         lines.append(f"| `{name}` | {t['library']} | " + " | ".join(cells) + " |")
     lines += ["", "## Findings", ""]

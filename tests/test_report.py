@@ -7,6 +7,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from click.testing import CliRunner
 
 from ropecheck.cli import main
@@ -47,3 +50,17 @@ def test_report_renders_and_regenerates(tmp_path):
 def test_report_refuses_unknown_targets(tmp_path):
     result = CliRunner().invoke(main, ["report", "--out", str(tmp_path), "--target", "nope"])
     assert result.exit_code == 2 and "unknown target" in result.output
+
+
+def test_outputs_that_must_differ_but_are_equal_score_inf_in_strict_json():
+    import math
+
+    from properties.assertions import CheckFailure, assert_distinct
+    from properties.runner import Result
+
+    with pytest.raises(CheckFailure) as failure:
+        assert_distinct(np.ones(3), np.ones(3), 1e-6, what="moved")
+    assert math.isinf(failure.value.error)
+    assert assert_distinct(np.zeros(3), np.ones(3), 0.5, what="moved") == 0.5
+    result = Result("invertibility", "float32", "failed", "f", max_error=failure.value.error)
+    assert json.loads(json.dumps(result.to_dict(), allow_nan=False))["max_error"] == "inf"
