@@ -328,7 +328,4 @@ def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, option
         case, extras = drawn
         return prop.check(ctx, case, **extras)
 
-    try:
-        return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)
-    except TargetHung as exc:  # not retried: every shrinking step would wait out the limit again
-        return Result(prop.name, dtype, "failed", prop.formula, message=f"CallError: {exc}", reproduce=reproduce)
+    return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)  # a hang propagates

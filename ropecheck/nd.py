@@ -25,13 +25,14 @@ from typing import Optional
 
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
-from properties.runner import RunOptions
+from properties.runner import Result, RunOptions
 from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property,
                                    smoke_call)
 from reference import nd as ndref
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
+from ropecheck.calling import TargetHung
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
@@ -163,8 +164,8 @@ def _load_callable(spec: str, rope_signature: bool):
 
 
 def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions, reproduce: str):
-    """Everything needed to run: a list of (property name, runner) and a session shell that
-    ropecheck.output can print and save."""
+    """Everything needed to run: a list of (property name, dtype, formula, runner) and a
+    session shell that ropecheck.output can print and save."""
     preset = ND_ADAPTERS.get(spec.target, {})
     for key, value in preset.items():
         if getattr(spec, key) is None:
@@ -178,13 +179,15 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
         fn, _ = _load_callable(spec.target, rope_signature=False)
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
-            runs.append((name, "-", lambda name=name: builder_checks.run_builder_property(
+            formula = builder_checks.BUILDER_CHECKS[name][0]
+            runs.append((name, "-", formula, lambda name=name: builder_checks.run_builder_property(
                 name, fn, fam, options, f"{reproduce} --property {name}")))
         dtypes = ["-"]
     else:
         if spec.family == "xpos":
             target = spec.xpos_target()
             names = _select(property_names, XPOS_PROPERTIES)
+            registry = XPOS_PROPERTIES
             for dtype in dtypes:
                 problem = smoke_call(target, dtype, options.timeout)
                 if problem:
@@ -203,6 +206,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None
             names = _select(property_names, ND_PROPERTIES)
+            registry = ND_PROPERTIES
 
             def run_one(name, dtype, command):
                 results = [run_nd_property(ND_PROPERTIES[name], t, dtype, options, command) for t in targets]
@@ -210,7 +214,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                 return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
         for dtype in dtypes:
             for name in names:
-                runs.append((name, dtype, lambda name=name, dtype=dtype: run_one(
+                runs.append((name, dtype, registry[name].formula, lambda name=name, dtype=dtype: run_one(
                     name, dtype, f"{reproduce} --dtype {dtype} --property {name}")))
     shell = SimpleNamespace(
         target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False),
@@ -260,11 +264,20 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
         return 2
     console.print(f"Family {spec.family}: " + " ".join(spec.flags()[2:]) if len(spec.flags()) > 2
                   else f"Family {spec.family}")
-    for name, dtype, run in runs:
-        shell.results += known_failures.apply(spec.target, [run()], known)
+    for name, dtype, formula, run in runs:
+        try:
+            result = run()
+        except TargetHung as exc:  # as the 1-D session does: one finding, then stop
+            result = Result(name, dtype, "failed", formula, message=f"{exc}; the run was stopped here")
+            shell.stopped = f"the target hung in {name} ({dtype})"
+        shell.results += known_failures.apply(spec.target, [result], known)
+        if shell.stopped:
+            break
     shell.verdict = verdict(shell.results)
     console.print(results_table(shell))
     print_failures(console, shell)
+    if shell.stopped:
+        console.print(f"[bold red]stopped early:[/] {shell.stopped}")
     if json_path:
         write_json(json_path, shell)
     if junit_path:

@@ -89,3 +89,18 @@ def test_hf_qwen2vl_adapters():
     assert build([("text", 2), ("image", 2, 3), ("text", 1)])[-1].tolist() == [5, 5, 5]
     # the defect: after a video with t > max(h, w) the text restarts inside the video's time span
     assert build([("video", 2, 1, 1), ("text", 1)])[-1].tolist() == [1, 1, 1]  # reference: [2, 2, 2]
+
+
+@pytest.mark.parametrize("family, body", [
+    (["--family", "nd", "--axes", "2"], "def f(x, positions):\n    time.sleep(60)\n    return x\n"),
+    (["--family", "xpos"], "def f(q, k, positions):\n    if positions.shape[1] > 3:\n        time.sleep(60)\n"
+                           "    return q.clone(), k.clone()\n"),
+])
+def test_cli_family_a_hanging_target_is_a_finding_and_stops_the_run(tmp_path, family, body):
+    module = tmp_path / "hang.py"
+    module.write_text("import time\n" + body)
+    result = CliRunner().invoke(main, ["check", f"{module}:f", *family, "--timeout", "1", "--dtype", "float32",
+                                       "--profile", "ci", "--max-examples", "3"])
+    assert result.exit_code == 1, result.output
+    assert "did not return within 1 s" in result.output and "stopped early" in result.output
+    assert "Traceback" not in result.output
