@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import Case, as_float64
+from properties.registry import property_registry
 from properties.strategies import MAX_POSITION, cases, critical_cases, position_grids
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
@@ -89,14 +90,8 @@ class Property:
         return True, ""
 
 
-PROPERTIES: dict[str, Property] = {}
-
-
-def register(**kwargs):
-    def wrap(check):
-        PROPERTIES[kwargs["name"]] = Property(check=check, **kwargs)
-        return check
-    return wrap
+PROPERTIES: dict[str, Property]
+PROPERTIES, register = property_registry(Property)
 
 
 # --- shared pieces -----------------------------------------------------------------

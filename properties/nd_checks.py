@@ -27,6 +27,7 @@ from hypothesis import given, seed as hypothesis_seed, strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import as_float64
+from properties.registry import property_registry
 from properties.runner import Result, RunOptions
 from reference.nd import PairRotation
 from ropecheck.calling import Caller, CallError
@@ -142,14 +143,8 @@ class NDProperty:
     min_axes: int = 1
 
 
-ND_PROPERTIES: dict[str, NDProperty] = {}
-
-
-def nd_register(**kwargs):
-    def wrap(check):
-        ND_PROPERTIES[kwargs["name"]] = NDProperty(check=check, **kwargs)
-        return check
-    return wrap
+ND_PROPERTIES: dict[str, NDProperty]
+ND_PROPERTIES, nd_register = property_registry(NDProperty)
 
 
 @nd_register(name="contract", formula="y = f(x, P) has x's shape and dtype, is finite, leaves x and P untouched")

@@ -66,6 +66,7 @@ from hypothesis import strategies as st
 from properties.assertions import assert_close, assert_distinct
 from properties.cases import as_float64
 from properties.nd_checks import run_simple
+from properties.registry import property_registry
 from properties.runner import Result, RunOptions
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
@@ -233,14 +234,8 @@ class XposProperty:
     headroom: int = 0  # positions drawn up to max_position - headroom
 
 
-XPOS_PROPERTIES: dict[str, XposProperty] = {}
-
-
-def xpos_register(**kwargs):
-    def wrap(check):
-        XPOS_PROPERTIES[kwargs["name"]] = XposProperty(check=check, **kwargs)
-        return check
-    return wrap
+XPOS_PROPERTIES: dict[str, XposProperty]
+XPOS_PROPERTIES, xpos_register = property_registry(XposProperty)
 
 
 @xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's shape and dtype, "
