@@ -7,19 +7,77 @@ layout), a failure prints the Case, and ``Case.tensors()`` rebuilds the exact in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ropecheck.dtypes import torch_dtype
 
-# Memory layouts of x: how the (batch, seq, heads, head_dim) view sits in its storage.
-MEMORY_LAYOUTS = (
-    "contiguous",
-    "transposed",     # stored (batch, heads, seq, head_dim), viewed with transpose(1, 2)
-    "padded",         # last axis narrowed from a wider row, like a slice of fused qkv
-    "strided-heads",  # every other head of a (batch, seq, 2*heads, head_dim) tensor
-)
+@dataclass(frozen=True)
+class Layout:
+    """How a (batch, seq, heads, head_dim) tensor sits in its storage. ``what`` names the
+    views in a support note ("raises on views with an odd row stride"); an ``exotic``
+    layout is one no model hands RoPE, probed separately from the drawn inputs."""
+
+    name: str
+    what: str
+    exotic: bool
+    make: Callable  # contiguous v -> a view with v's values in this layout
+
+
+def _wider(v: torch.Tensor, axis: int, width: int, index) -> torch.Tensor:
+    """v placed at ``index`` of a zero tensor whose ``axis`` is ``width`` long."""
+    shape = list(v.shape)
+    shape[axis] = width
+    wide = torch.zeros(shape, dtype=v.dtype)
+    wide[(slice(None),) * axis + (index,)] = v
+    return wide[(slice(None),) * axis + (index,)]
+
+
+def _stored_as(order: tuple) -> Callable:
+    """Storage in another axis order (a permutation of (b, s, h, d)), viewed back."""
+    inverse = tuple(order.index(i) for i in range(4))
+    return lambda v: v.permute(order).contiguous().permute(inverse)
+
+
+def _qkv_slice(v: torch.Tensor) -> torch.Tensor:
+    b, s, h, d = v.shape
+    qkv = torch.zeros(b, s, 3, h, d, dtype=v.dtype)
+    qkv[:, :, 1] = v
+    return qkv[:, :, 1]  # the k of qkv.view(b, s, 3, h, d): row stride 3hd, offset hd
+
+
+def _odd_offset(v: torch.Tensor) -> torch.Tensor:
+    flat = torch.zeros(v.numel() + 1, dtype=v.dtype)
+    flat[1:] = v.reshape(-1)
+    return flat[1:].view(v.shape)
+
+
+LAYOUTS = {layout.name: layout for layout in (
+    Layout("contiguous", "contiguous tensors", False, lambda v: v.contiguous()),
+    Layout("transposed", "(batch, heads, seq, head_dim) storage viewed transposed (HF)", False,
+           _stored_as((0, 2, 1, 3))),
+    Layout("qkv-slice", "the k slice of a fused qkv projection", False, _qkv_slice),
+    Layout("strided-heads", "every other head of a wider tensor", False,
+           lambda v: _wider(v, 2, 2 * v.shape[2], slice(None, None, 2))),
+    Layout("sbhd", "(seq, batch, heads, head_dim) storage (Megatron)", False, _stored_as((1, 0, 2, 3))),
+    Layout("padded", "rows padded to head_dim + 8", False,
+           lambda v: _wider(v, 3, v.shape[3] + 8, slice(0, v.shape[3]))),
+    Layout("padded-64", "rows padded to head_dim + 64 (a padded head stride, as vLLM's)", False,
+           lambda v: _wider(v, 3, v.shape[3] + 64, slice(0, v.shape[3]))),
+    # exotic: probed, a refusal is a support note
+    Layout("odd-padded", "views with an odd row stride (rows of head_dim + 3)", True,
+           lambda v: _wider(v, 3, v.shape[3] + 3, slice(0, v.shape[3]))),
+    Layout("odd-offset", "views with an odd storage offset", True, _odd_offset),
+    Layout("inner-strided", "views whose last dimension has stride 2", True,
+           lambda v: _wider(v, 3, 2 * v.shape[3], slice(None, None, 2))),
+)}
+# What models hand RoPE: drawn in every run.
+MEMORY_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.exotic)
+EXOTIC_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.exotic)
+# What autograd hands a backward: a dense gradient, in the layout of the op that consumed y.
+GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd")
 
 
 @dataclass(frozen=True)
@@ -49,24 +107,13 @@ class Case:
         rng = np.random.default_rng([self.seed, salt])
         return rng.standard_normal(self.shape) * self.scale
 
-    def tensor(self, salt: int = 0, values: np.ndarray | None = None) -> torch.Tensor:
-        """x in the case's dtype and memory layout."""
+    def tensor(self, salt: int = 0, values: np.ndarray | None = None, memory: str | None = None) -> torch.Tensor:
+        """x in the case's dtype and memory layout (or ``memory``)."""
         v = torch.from_numpy(self.values(salt) if values is None else np.asarray(values, np.float64))
-        v = v.to(torch_dtype(self.dtype))
-        b, s, h, d = self.shape
-        if self.memory == "contiguous":
-            return v.contiguous()
-        if self.memory == "transposed":
-            return v.transpose(1, 2).contiguous().transpose(1, 2)
-        if self.memory == "padded":
-            wide = torch.zeros(b, s, h, d + 3, dtype=v.dtype)
-            wide[..., :d] = v
-            return wide[..., :d]
-        if self.memory == "strided-heads":
-            wide = torch.zeros(b, s, 2 * h, d, dtype=v.dtype)
-            wide[:, :, ::2] = v
-            return wide[:, :, ::2]
-        raise ValueError(f"unknown memory layout {self.memory!r}")
+        layout = memory or self.memory
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown memory layout {layout!r}")
+        return LAYOUTS[layout].make(v.to(torch_dtype(self.dtype)))
 
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace

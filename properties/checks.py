@@ -11,7 +11,7 @@ with the float64 reference of the declared convention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -19,9 +19,9 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
-from properties.cases import Case, as_float64
+from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.registry import property_registry
-from properties.strategies import MAX_POSITION, cases, critical_cases, position_grids
+from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, critical_cases, position_grids
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
@@ -73,6 +73,8 @@ class Property:
     # by design
     same_theta_across_calls: bool = False
     case_options: dict = field(default_factory=dict)
+    # fixed exotic inputs tried after the drawn ones: a refusal is a support note
+    probes: Callable = lambda ctx: ()
 
     def case_strategy(self, ctx: Context):
         options = dict(self.case_options)
@@ -88,6 +90,16 @@ class Property:
             return False, ("not promised: the declared dynamic scaling takes theta from each "
                            "call's largest position")
         return True, ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An exotic input (no model produces it): the target may refuse it, but a value it
+    returns must be right. ``what`` names it in a support note."""
+
+    case: Case
+    check: Callable  # check(ctx, case) -> float
+    what: str
 
 
 PROPERTIES: dict[str, Property]
@@ -126,16 +138,52 @@ def _shift_range(ctx: Context, positions: np.ndarray) -> tuple[int, int]:
 
 # --- contract ----------------------------------------------------------------------
 
+def _state_unchanged(ctx: Context) -> None:
+    if ctx.rope.state_changes:
+        raise CallError("state", "; ".join(ctx.rope.state_changes))
+
+
 @register(name="contract",
-          formula="y = f(x, m) has x's shape and dtype, is finite, leaves x and m untouched, "
-                  "and f(view) = f(view.contiguous()) for non-contiguous x",
-          case_options={"memory": ("transposed", "padded", "strided-heads")})
+          formula="y = f(x, m) has x's shape and dtype, is finite, leaves x, m and torch's "
+                  "process-wide state untouched, and f(view) = f(view.contiguous()) for the "
+                  "memory layouts models produce; exotic views are probed",
+          case_options={"memory": tuple(m for m in MEMORY_LAYOUTS if m != "contiguous")},
+          probes=lambda ctx: _layouts_probe(ctx))
 def contract(ctx: Context, case: Case) -> float:
     x, p = case.tensor(), case.positions_array()
     strided, compact = _f(ctx, x, p), _f(ctx, x.contiguous(), p)
+    _state_unchanged(ctx)
     bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
     return assert_close(_norms(strided - compact), 0.0, bound, positions=p, axes=AXES_3D,
                         what=f"f(x, m) on a {case.memory} view differs from f on its contiguous copy")
+
+
+def _odd_head_agrees(ctx: Context, case: Case) -> float:
+    """An odd head size the target accepted: its rotated block is f of that block alone
+    (head_dim = rotary_dim) and the odd tail passes through unchanged."""
+    r = ctx.target.rotary_dim
+    x, p = case.tensor(), case.positions_array()
+    whole, block = _f(ctx, x, p), _f(ctx, x[..., :r].contiguous(), p)
+    x64 = as_float64(x)
+    bound = 2 * _eps(ctx, p) * _norms(x64[..., :r]) + ctx.model.floor
+    rotated = assert_close(_norms(whole[..., :r] - block), 0.0, bound, positions=p, axes=AXES_3D,
+                           what=f"f(x, m) on head_dim {case.head_dim} against f on its first {r} features")
+    tail = assert_close(whole[..., r:], x64[..., r:], ctx.model.floor + np.abs(x64[..., r:]) * ctx.model.output_unit,
+                        positions=p, what=f"the features past --rotary-dim {r} (must pass through)")
+    return max(rotated, tail)
+
+
+def _layouts_probe(ctx: Context) -> list:
+    """One small input per exotic memory layout, and an odd head size when the rotary
+    dimension is partial (every head size a model uses is even)."""
+    r = ctx.target.rotary_dim
+    p = np.minimum(np.array([[0, 1, 2], [4097, 4098, 4099]]), ctx.max_position)
+    base = Case(ctx.dtype, 2, 3, 2, r or FREE_HEAD_DIMS[0], tuple(map(tuple, p.tolist())), seed=11)
+    probes = [Probe(replace(base, memory=m), contract, LAYOUTS[m].what) for m in EXOTIC_LAYOUTS]
+    if r:
+        probes.append(Probe(replace(base, head_dim=r + 1), _odd_head_agrees,
+                            f"an odd head_dim ({r + 1}) around a rotary dim of {r}"))
+    return probes
 
 
 # --- spec-free properties ----------------------------------------------------------
@@ -286,6 +334,7 @@ def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
 def invertibility(ctx: Context, case: Case, k: int) -> float:
     p = np.minimum(case.positions_array(), 4096)
     k *= _position_step(ctx, case.head_dim, p)
+    p = np.minimum(p, max(ctx.max_position - k, 0))  # m + k stays in the declared range
     rng = np.random.default_rng([case.seed, 7])
     values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
     x = case.tensor(values=values)
@@ -295,11 +344,20 @@ def invertibility(ctx: Context, case: Case, k: int) -> float:
                            what=f"f(x, m) against f(x, m + {k})")
 
 
+def _grad_layout(ctx, case):
+    """The incoming gradient: dense, in one of the layouts autograd produces."""
+    return st.fixed_dictionaries({"grad_layout": st.sampled_from(GRAD_LAYOUTS)})
+
+
+def _example_grad_layout(ctx, case):
+    return {"grad_layout": GRAD_LAYOUTS[case.seed % len(GRAD_LAYOUTS)]}
+
+
 @register(name="inverse", formula="f(f^T(g, m), m) = g, with f^T the target's own VJP",
-          needs_backward=True)
-def inverse(ctx: Context, case: Case) -> float:
+          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout)
+def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
-    g = case.tensor(1)
+    g = case.tensor(1, memory=grad_layout)
     back = _vjp(ctx, case.tensor(0), p, g)
     forth = ctx.unscale(_f(ctx, back, p))  # VJP = A R_m^T g carries the amplitude too
     e = _eps(ctx, p)
@@ -398,10 +456,10 @@ def reference_agreement(ctx: Context, case: Case) -> float:
 
 @register(name="backward",
           formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
-          needs_backward=True)
-def backward(ctx: Context, case: Case) -> float:
+          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout)
+def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
-    g, v = case.tensor(1), case.tensor(2)
+    g, v = case.tensor(1, memory=grad_layout), case.tensor(2)
     vjp = ctx.unscale(as_float64(_vjp(ctx, case.tensor(0), p, g)))
     g64, v64 = as_float64(g), as_float64(v)
     e = _eps(ctx, p)

@@ -49,6 +49,7 @@ class NDTarget:
     inplace: bool = False
     description: str = ""
     max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
+    executor: object = None  # where calls run (ropecheck.calling.executor_of)
 
     def __post_init__(self):
         if self.max_position is not None and self.max_position < 255:

@@ -4,9 +4,9 @@ against a target for one dtype under a hypothesis profile, and say what happened
 from __future__ import annotations
 
 import math
-
+import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -31,6 +31,8 @@ DEFAULT_PROFILE = "dev"
 # Seconds a property may spend shrinking a counterexample once it has one: bounds the time
 # of a failing verdict for a slow target.
 SHRINK_BUDGET = 15.0
+# Crashes a property may see while shrinking: each one costs a new worker process.
+CRASH_BUDGET = 2
 
 
 class _ShrinkBudgetSpent(BaseException):
@@ -43,16 +45,22 @@ class Result:
     dtype: str
     status: str  # passed | failed | skipped | error
     formula: str
-    max_error: Optional[float] = None  # in tolerance units
+    max_error: Optional[float] = None  # in tolerance units: the largest any input showed
     examples: int = 0
     seconds: float = 0.0
     message: str = ""
     counterexample: str = ""
     reproduce: str = ""
     accuracy: Optional[dict] = None
+    notes: list = field(default_factory=list)  # support limits: refusals of exotic inputs
+    diagnosis: str = ""  # likely cause of a reference failure
+    cause: Optional[str] = None  # the root cause this failure shares with others (session)
+    signature: str = ""  # what makes two failures the same cause
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "max_error": json_number(self.max_error)}
+        out = {**asdict(self), "max_error": json_number(self.max_error)}
+        out.pop("signature")
+        return out
 
 
 def json_number(value):
@@ -67,6 +75,7 @@ class RunOptions:
     seed: Optional[int] = None
     timeout: Optional[float] = 20.0
     max_examples: Optional[int] = None
+    strict_layouts: bool = False  # a refusal of an exotic layout fails, instead of a note
 
     def settings(self) -> settings:
         chosen = dict(PROFILES[self.profile])
@@ -100,11 +109,11 @@ def _examples(prop: Property, ctx: Context) -> list:
     return out
 
 
-def _first_failure(exc: BaseException) -> BaseException:
-    """Hypothesis reports several distinct failures as an ExceptionGroup: take the first."""
-    while getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
-        exc = exc.exceptions[0]
-    return exc
+def _failures(exc: BaseException) -> list:
+    """Hypothesis reports several distinct failures as an ExceptionGroup: all of them."""
+    if getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
+        return [leaf for sub in exc.exceptions for leaf in _failures(sub)]
+    return [exc]
 
 
 def _reproduce_line(exc: BaseException, command: str) -> str:
@@ -114,6 +123,52 @@ def _reproduce_line(exc: BaseException, command: str) -> str:
             blob = note[note.index("@reproduce_failure"):].split(" as a decorator")[0]
             return f"{command}  (in Python: {blob})"
     return command
+
+
+class _Seen:
+    """What the examples showed: the largest error (failures included), and for every
+    failure raised, the input that raised it (so that a failure's message and its
+    counterexample always describe the same input)."""
+
+    def __init__(self):
+        self.max = 0.0
+        self.count = 0
+        self.inputs: dict[int, tuple] = {}
+        self.latest: Optional[tuple] = None  # (input, failure): the smallest so far
+        self.since: Optional[float] = None  # when the first failure was seen
+        self.crashes = 0
+
+    def passed(self, error: float):
+        self.max = max(self.max, float(error))
+
+    def failed(self, drawn, failure: BaseException):
+        self.inputs[id(failure)] = drawn
+        self.latest = (drawn, failure)
+        self.since = self.since or time.perf_counter()
+        self.crashes += isinstance(failure, CallError) and failure.kind == "crashed"
+        error = getattr(failure, "error", None)
+        if error is not None:
+            self.max = max(self.max, float(error))
+
+    def budget_spent(self) -> bool:
+        return self.crashes >= CRASH_BUDGET or (
+            self.since is not None and time.perf_counter() - self.since > SHRINK_BUDGET)
+
+
+def signature(exc: BaseException, counterexample: str) -> str:
+    """What two failures must share to be one root cause: the same exception type raised at
+    the same place, the same crash, the same kind of contract breach (values aside), or
+    the same minimal input."""
+    if isinstance(exc, CallError):
+        text = str(exc)
+        if exc.kind == "raised":
+            kind = text.removeprefix("the target raised ").split(":")[0]
+            where = re.findall(r"\(at ([^()]+)\)$", text)
+            return f"raised {kind} at {where[-1] if where else '?'}"
+        if exc.kind in ("exited", "crashed"):
+            return f"{exc.kind}: {text}"
+        return f"{exc.kind}: " + re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
+    return "input: " + counterexample.split("; {")[0]
 
 
 def run_property(prop: Property, target, dtype: str, options: RunOptions | None = None,
@@ -126,7 +181,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status, result.message = "skipped", why
         return result
     ctx = Context(target, dtype, options.timeout)
-    seen = {"failing": None, "error": None, "since": None, "max": 0.0, "count": 0}
+    seen = _Seen()
 
     @st.composite
     def inputs(draw):
@@ -134,22 +189,22 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         return case, draw(prop.extras(ctx, case))
 
     def attempt(drawn):
-        if seen["since"] is not None and time.perf_counter() - seen["since"] > SHRINK_BUDGET:
+        run_check(drawn, prop.check)
+
+    def run_check(drawn, check):
+        if seen.budget_spent():
             raise _ShrinkBudgetSpent()
         case, extras = drawn
-        seen["count"] += 1
+        seen.count += 1
         try:
-            error = prop.check(ctx, case, **extras)
+            error = check(ctx, case, **extras)
         except TargetHung as hung:
             hung.case = _describe(case, extras)
             raise
         except Exception as failure:
-            # each failing example hypothesis tries is smaller than the last: the latest is
-            # the smallest so far, and the minimal one is replayed last
-            seen["failing"], seen["error"] = drawn, failure
-            seen["since"] = seen["since"] or time.perf_counter()
+            seen.failed(drawn, failure)
             raise
-        seen["max"] = max(seen["max"], float(error))
+        seen.passed(error)
 
     test = options.settings()(given(inputs())(attempt))
     if options.seed is not None:
@@ -160,33 +215,55 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         test()  # generated examples, shrunk to a minimal counterexample on failure
         for drawn in _examples(prop, ctx):  # then the fixed critical inputs
             attempt(drawn)
+        for probe in prop.probes(ctx):  # then the exotic inputs, where refusals are notes
+            try:
+                run_check((probe.case, {}), probe.check)
+            except CallError as exc:
+                if exc.kind != "raised" or options.strict_layouts:
+                    raise
+                said = str(exc).removeprefix("the target raised ")
+                result.notes.append(f"raises on {probe.what}: {said}")
     except (Exception, _ShrinkBudgetSpent) as raised:
         budget_spent = isinstance(raised, _ShrinkBudgetSpent)
-        exc = seen["error"] if budget_spent else _first_failure(raised)
+        if budget_spent:
+            drawn, exc = seen.latest
+        else:
+            exc = _failures(raised)[0]
+            drawn = seen.inputs.get(id(exc))
         known = isinstance(exc, (CheckFailure, CallError))
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
-        result.max_error = getattr(exc, "error", None)
-        if seen["failing"] is not None:
-            result.counterexample = _describe(*seen["failing"]) + (
-                f" (shrinking stopped after {SHRINK_BUDGET:g} s: the smallest found, "
-                "perhaps not minimal)" if budget_spent else "")
-        result.reproduce = _reproduce_line(raised, reproduce_hint)
-    else:
-        result.max_error = seen["max"]
-    result.examples = seen["count"]
+        if drawn is not None:
+            result.counterexample = _describe(*drawn) + (
+                f" (shrinking stopped after {SHRINK_BUDGET:g} s or {CRASH_BUDGET} crashes: the "
+                "smallest found, perhaps not minimal)" if budget_spent else "")
+        result.reproduce = _reproduce_line(exc, reproduce_hint)
+        if result.reproduce == reproduce_hint:
+            result.reproduce = _reproduce_line(raised, reproduce_hint)
+        result.signature = signature(exc, result.counterexample)
+    result.max_error = seen.max if seen.count else None
+    if result.status != "passed" and not seen.max > 1.0:
+        result.max_error = None  # the failure is not a measured error (a raise, a crash, ...)
+    result.examples = seen.count
     if prop.name == "reference":
-        result.accuracy = accuracy_sweep(ctx)
-        worst = result.accuracy.get("max_error", 0.0)
-        if result.status == "passed" and worst > 1.0:
-            at = result.accuracy["positions"][int(np.argmax(result.accuracy["error"]))]
-            result.status, result.max_error = "failed", worst
-            result.message = (f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
-                              f"(x of shape (1, {len(result.accuracy['positions'])}, "
-                              f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)")
-            result.reproduce = reproduce_hint
+        _sweep(result, ctx, reproduce_hint)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _sweep(result: Result, ctx: Context, reproduce_hint: str) -> None:
+    """The accuracy sweep of ``reference``: its largest error counts in the result's."""
+    result.accuracy = accuracy_sweep(ctx)
+    worst = result.accuracy.get("max_error", 0.0)
+    result.max_error = max(result.max_error or 0.0, worst)
+    if result.status == "passed" and worst > 1.0:
+        at = result.accuracy["positions"][int(np.argmax(result.accuracy["error"]))]
+        result.status = "failed"
+        result.message = (f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
+                          f"(x of shape (1, {len(result.accuracy['positions'])}, "
+                          f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)")
+        result.reproduce = reproduce_hint
+        result.signature = f"input: accuracy sweep {result.message}"
 
 
 def _describe(case, extras) -> str:
@@ -196,10 +273,19 @@ def _describe(case, extras) -> str:
     return case.describe() + (f"; {shown}" if shown else "")
 
 
+RANGE_PROBE = "position-range"  # the probe the session runs before the properties
+
+
 def selected_properties(names=None) -> list[Property]:
+    """The properties named (all without names); the position-range probe is not one of
+    them (the session runs it: see ``wants_range_probe``)."""
     if not names:
         return list(PROPERTIES.values())
-    unknown = [n for n in names if n not in PROPERTIES]
+    unknown = [n for n in names if n not in PROPERTIES and n != RANGE_PROBE]
     if unknown:
-        raise ValueError(f"unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
-    return [PROPERTIES[n] for n in names]
+        raise ValueError(f"unknown properties {unknown}; known: {RANGE_PROBE}, {', '.join(PROPERTIES)}")
+    return [PROPERTIES[n] for n in names if n != RANGE_PROBE]
+
+
+def wants_range_probe(names=None) -> bool:
+    return not names or RANGE_PROBE in names

@@ -1,7 +1,8 @@
 """Hypothesis strategies for RoPE inputs, composed from small named pieces.
 
-Shapes: head_dim not a power of two, heads 1, seq 1, batch > 1, odd head_dim when the
-rotary dimension is partial, non-contiguous views. Positions: offsets as in KV-cache
+Shapes: head_dim not a power of two, heads 1, seq 1, batch > 1, the head sizes models
+pair with a partial rotary dimension, the memory layouts models produce (cases.LAYOUTS;
+exotic ones are probed apart). Positions: offsets as in KV-cache
 decode, different per batch row, sparse, large up to 2^24, and values across 2^k
 boundaries and the int16 / float16 / bfloat16 limits.
 
@@ -44,12 +45,19 @@ def max_position_for(head_dim: int) -> int:
     return int(min(MAX_POSITION, POSITION_BUDGET // max(head_dim, 1)))
 
 
+def partial_head_dims(rotary_dim: int) -> tuple[int, ...]:
+    """Head sizes models pair with a partial rotary dimension r: r itself, 2r (ChatGLM),
+    4r (GPT-NeoX, GPT-J) and r + 48 (Phi-2's 32 of 80; not a power of two). An odd head
+    size is exotic: the layouts probe tries r + 1."""
+    return tuple(dict.fromkeys((rotary_dim, rotary_dim + 48, 2 * rotary_dim, 4 * rotary_dim)))
+
+
 def head_dims(rotary_dim: int | None = None) -> st.SearchStrategy[int]:
     """FREE_HEAD_DIMS when the whole head rotates; with a partial rotary dimension r,
-    head sizes r, r + 1 (odd) and r + 32."""
+    ``partial_head_dims(r)``."""
     if rotary_dim is None:
         return st.sampled_from(FREE_HEAD_DIMS)
-    return st.sampled_from((rotary_dim, rotary_dim + 1, rotary_dim + 32))
+    return st.sampled_from(partial_head_dims(rotary_dim))
 
 
 def offsets(limit: int) -> st.SearchStrategy[int]:
@@ -101,19 +109,19 @@ def cases(draw, dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1
 
 def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
     """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
-    every boundary position up to 2^24 on an odd / non-power-of-two head size, per-row
+    every boundary position up to 2^24 on a non-power-of-two head size, per-row
     offsets on a padded view."""
     r = rotary_dim
     small = FREE_HEAD_DIMS[0] if r is None else r
-    odd = FREE_HEAD_DIMS[1] if r is None else r + 1
-    mid = FREE_HEAD_DIMS[2] if r is None else r + 32
+    other = FREE_HEAD_DIMS[1] if r is None else r + 48
+    mid = FREE_HEAD_DIMS[2] if r is None else 4 * r
     boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504,
                 65505, 2**20 + 1, 2**24]
-    limit_odd = max_position_for(odd)
-    cap = [min(p, limit_odd) for p in boundary]
+    limit_other = max_position_for(other)
+    cap = [min(p, limit_other) for p in boundary]
     return [
         Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
-        Case(dtype, 1, len(cap), 1, odd, (tuple(cap),), "contiguous", 1.0, 2),
+        Case(dtype, 1, len(cap), 1, other, (tuple(cap),), "contiguous", 1.0, 2),
         Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
         Case(dtype, 3, 5, 2, mid, tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
              "padded", scales(dtype)[-1], 4),

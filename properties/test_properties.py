@@ -10,19 +10,31 @@ from ropecheck.pytest_plugin import reproduce_hint
 _hung = []
 
 
-@pytest.mark.parametrize("name", list(PROPERTIES))
-def test_property(name, rope_callable, rope_dtype, rope_options, request):
-    if _hung:
-        pytest.skip(f"the target hung earlier ({_hung[0]})")
-    try:
-        result = run_property(PROPERTIES[name], rope_callable, rope_dtype, rope_options,
-                              reproduce_hint=reproduce_hint(request.config, name, rope_dtype))
-    except TargetHung as exc:
-        _hung.append(f"{name}, {rope_dtype}")
-        pytest.fail(f"{name} ({rope_dtype}): {exc}", pytrace=False)
+def _report(result):
     if result.status == "skipped":
         pytest.skip(result.message)
     if result.status != "passed":
         lines = [f"{result.property} ({result.dtype}): {result.formula}", result.message,
+                 f"likely cause: {result.diagnosis}" if result.diagnosis else "",
                  f"minimal counterexample: {result.counterexample}", f"reproduce: {result.reproduce}"]
-        pytest.fail("\n".join(lines), pytrace=False)
+        pytest.fail("\n".join(line for line in lines if line), pytrace=False)
+
+
+def test_position_range(rope_range):
+    """The target accepts every position 0 .. --rope-max-position (one finding if not)."""
+    _report(rope_range[0])
+
+
+@pytest.mark.parametrize("name", list(PROPERTIES))
+def test_property(name, rope_range, rope_dtype, rope_options, request):
+    if _hung:
+        pytest.skip(f"the target hung earlier ({_hung[0]})")
+    try:
+        result = run_property(PROPERTIES[name], rope_range[1], rope_dtype, rope_options,
+                              reproduce_hint=reproduce_hint(request.config, name, rope_dtype))
+    except TargetHung as exc:
+        _hung.append(f"{name}, {rope_dtype}")
+        pytest.fail(f"{name} ({rope_dtype}): {exc}", pytrace=False)
+    for note in result.notes:
+        print(f"support note ({rope_dtype}): {note}")
+    _report(result)

@@ -70,7 +70,7 @@ from properties.registry import property_registry
 from properties.runner import Result, RunOptions
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.calling import Caller, CallError, TargetHung, strided_copy
+from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import U32, ErrorModel
 
@@ -114,9 +114,7 @@ class XposTarget:
     head_dims: tuple = (8, 64)
     max_position: int = XPOS_MAX_POSITION
     inplace: bool = False  # read by Caller
-
-    def __call__(self, qk, positions):
-        return self.fn(qk[0], qk[1], positions)
+    executor: object = None  # where calls run (ropecheck.calling.executor_of)
 
 
 class PairCaller(Caller):
@@ -124,21 +122,17 @@ class PairCaller(Caller):
     each output checked like a RoPE output, inputs untouched)."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple:
-        args, pos = (strided_copy(q), strided_copy(k)), positions.clone()
-        out = self._invoke(args, pos)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
-            raise CallError("type", f"the target returned {what}, expected a pair (q_out, k_out)")
-        for name, y, x, arg in zip(("q_out", "k_out"), out, (q, k), args):
+        outcome = self.outcome("call", (q, k), positions)
+        out = outcome.outputs
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise CallError("type", f"the target returned {outcome.returned}, expected a pair (q_out, k_out)")
+        for name, y, x in zip(("q_out", "k_out"), out, (q, k)):
             try:
-                self._validate(y, x)
+                validate(y, x)
             except CallError as exc:
                 raise CallError(exc.kind, f"{name}: {exc}") from None
-            if not torch.equal(arg, x):
-                raise CallError("mutated", f"the target modified its input {name[0]} in place")
-        if not torch.equal(pos, positions):
-            raise CallError("mutated", "the target modified its positions argument")
-        return tuple(y.detach() for y in out)
+        raise_violations(outcome)
+        return out
 
 
 @dataclass(frozen=True)

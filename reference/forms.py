@@ -23,7 +23,6 @@ They are for tests, not speed: the matrix form builds a d x d matrix per positio
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 from reference.rope import DEFAULT_BASE, angles, check_layout, check_rotary_dim, inv_freq, pair_indices
 
@@ -80,6 +79,7 @@ def rotation_matrix_expm(
     m, head_dim: int, *, layout: str, base: float = DEFAULT_BASE, rotary_dim: int | None = None
 ) -> np.ndarray:
     """R_m = scipy.linalg.expm(m B), shape (*m.shape, d, d)."""
+    import scipy.linalg  # here: a worker process that never calls it need not import it
     b = generator(head_dim, layout=layout, base=base, rotary_dim=rotary_dim)
     m = np.asarray(m)
     if not np.issubdtype(m.dtype, np.integer):

@@ -1,5 +1,5 @@
 """``python -m ropecheck``: the same CLI as the ``ropecheck`` command."""
 
-from ropecheck.cli import main
+from ropecheck.cli import entry
 
-main(prog_name="ropecheck")
+entry()

@@ -1,6 +1,11 @@
-"""Calling a target safely: a time limit, exceptions turned into findings, and the
-contract checked on every call (tensor out, x's shape and dtype, input untouched,
-finite output for finite input)."""
+"""Calling a target under the contract, from ropecheck's side.
+
+A :class:`Caller` hands each call to the target's executor (its worker process, or this
+process with ``--in-process``: ``ropecheck.execution`` runs the call the same way in
+both) and checks what comes back: a tensor, x's shape, dtype and device, finite for
+finite input, inputs untouched. Any breach is a :class:`CallError` (a finding about the
+target); a call that does not return in time is :class:`TargetHung`.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from contextlib import contextmanager
+from typing import Callable, Optional
 
 import torch
+
+from ropecheck.execution import Execution, Outcome, describe_exception, strided_copy  # noqa: F401
 
 DEFAULT_TIMEOUT = 20.0
 HARD_KILL_GRACE = 10.0
@@ -28,23 +35,37 @@ class TargetHung(BaseException):
 
 
 class CallError(Exception):
-    """The target broke the call contract: it raised, or returned something unusable."""
+    """The target broke the call contract: it raised, crashed, or returned something unusable."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
 
 
+# --- in-process execution: SIGALRM and a last-resort watchdog --------------------------
+
+_abort_hooks: list[Callable[[str], None]] = []
+
+
+def on_abort(hook: Callable[[str], None]) -> None:
+    """Run ``hook(reason)`` before the watchdog ends the process (write the JSON, say)."""
+    _abort_hooks.append(hook)
+
+
 class _Watchdog:
-    """Ends the process when a call is stuck in native code, where SIGALRM cannot reach."""
+    """Ends the process when an in-process call outlives its time limit and the interrupt
+    cannot stop it: the call swallowed it (Python code catching BaseException) or never
+    saw it (native code, where SIGALRM cannot reach)."""
 
     def __init__(self):
         self.deadline = None
         self.thread = None
+        self.fired = False
+        self.limit = 0.0
 
     def arm(self, seconds: float):
         self.deadline = time.monotonic() + seconds + HARD_KILL_GRACE
-        self.limit = seconds
+        self.limit, self.fired = seconds, False
         if self.thread is None:
             self.thread = threading.Thread(target=self._watch, daemon=True, name="ropecheck-watchdog")
             self.thread.start()
@@ -56,8 +77,17 @@ class _Watchdog:
         while True:
             time.sleep(0.5)
             if self.deadline is not None and time.monotonic() > self.deadline:
-                sys.stderr.write(f"\nropecheck: the target did not return within {self.limit:g} s "
-                                 "and cannot be interrupted (stuck in native code); giving up.\n")
+                how = ("it caught the interrupt and went on" if self.fired else
+                       "it is stuck in native code, where the interrupt cannot reach it")
+                reason = (f"the target did not return within {self.limit:g} s and could not be "
+                          f"stopped in this process ({how}); run without --in-process to "
+                          "isolate it in a worker process")
+                for hook in _abort_hooks:
+                    try:
+                        hook(reason)
+                    except Exception:
+                        pass
+                sys.stderr.write(f"\nropecheck: {reason}; giving up.\n")
                 sys.stderr.flush()
                 os._exit(2)
 
@@ -73,6 +103,7 @@ def time_limit(seconds: float | None):
         return
 
     def on_alarm(signum, frame):
+        _watchdog.fired = True
         raise TargetHung(seconds)
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
@@ -86,16 +117,52 @@ def time_limit(seconds: float | None):
         _watchdog.disarm()
 
 
-def describe_exception(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+class InProcess:
+    """Executes calls in this process (``--in-process``, and targets built in Python)."""
+
+    def __init__(self, fn: Callable):
+        self.execution = Execution(fn)
+        self.state_changes: list = []
+
+    def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
+            timeout: Optional[float] = None) -> Outcome:
+        with time_limit(timeout):
+            outcome = (self.execution.vjp(args, positions, grads, inplace) if op == "vjp"
+                       else self.execution.call(args, positions, inplace))
+        self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
+        return outcome
+
+    def close(self):
+        pass
 
 
-def strided_copy(x: torch.Tensor) -> torch.Tensor:
-    """A fresh tensor with x's values *and* x's strides (clone() would compact a view)."""
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-    return out.copy_(x)
+def executor_of(target):
+    """The target's executor: its worker when it has one, else this process."""
+    return getattr(target, "executor", None) or InProcess(target.fn)
+
+
+# --- the contract ------------------------------------------------------------------------
+
+def validate(y, x: torch.Tensor) -> None:
+    """y has x's shape, dtype and device and is finite (x is finite)."""
+    if not isinstance(y, torch.Tensor):
+        raise CallError("type", f"the target returned {type(y).__name__}, expected a torch.Tensor")
+    if tuple(y.shape) != tuple(x.shape):
+        raise CallError("shape", f"output shape {tuple(y.shape)} differs from input shape "
+                                 f"{tuple(x.shape)}")
+    if y.dtype != x.dtype:
+        raise CallError("dtype", f"output dtype {y.dtype} differs from input dtype {x.dtype}")
+    if y.device != x.device:
+        raise CallError("device", f"output on {y.device}, input on {x.device}")
+    if not bool(torch.isfinite(y).all()):
+        bad = torch.nonzero(~torch.isfinite(y))[0].tolist()
+        raise CallError("non-finite", f"non-finite output {y[tuple(bad)].item()} at index "
+                                      f"{tuple(bad)} for finite input")
+
+
+def raise_violations(outcome: Outcome) -> None:
+    for kind, message in outcome.violations:
+        raise CallError(kind, message)
 
 
 class Caller:
@@ -104,64 +171,39 @@ class Caller:
     def __init__(self, target, timeout: float | None = DEFAULT_TIMEOUT):
         self.target = target
         self.timeout = timeout
+        self.executor = executor_of(target)
 
-    def _invoke(self, x, positions):
-        with time_limit(self.timeout):
-            try:
-                return self.target(x, positions)
-            except TargetHung:
-                raise
-            except Exception as exc:  # the target's failure is a finding, not our crash
-                raise CallError("raised", f"the target raised {describe_exception(exc)}") from None
+    @property
+    def state_changes(self) -> list:
+        """Process-wide state the target changed in any call so far (each restored)."""
+        return self.executor.state_changes
 
-    def _validate(self, y, x):
-        if not isinstance(y, torch.Tensor):
-            raise CallError("type", f"the target returned {type(y).__name__}, expected a torch.Tensor")
-        if tuple(y.shape) != tuple(x.shape):
-            raise CallError("shape", f"output shape {tuple(y.shape)} differs from input shape "
-                                     f"{tuple(x.shape)}")
-        if y.dtype != x.dtype:
-            raise CallError("dtype", f"output dtype {y.dtype} differs from input dtype {x.dtype}")
-        if y.device != x.device:
-            raise CallError("device", f"output on {y.device}, input on {x.device}")
-        if not bool(torch.isfinite(y).all()):
-            bad = torch.nonzero(~torch.isfinite(y))[0].tolist()
-            raise CallError("non-finite", f"non-finite output {y[tuple(bad)].item()} at index "
-                                          f"{tuple(bad)} for finite input")
+    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None) -> Outcome:
+        outcome = self.executor.run(op, args, positions, grads, getattr(self.target, "inplace", False),
+                                    self.timeout)
+        if outcome.error is not None:
+            raise CallError(*outcome.error)
+        return outcome
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """y = f(x, positions); x and positions are passed as copies and checked after."""
-        arg, pos = strided_copy(x), positions.clone()
-        y = self._invoke(arg, pos)
-        self._validate(y, x)
-        if not torch.equal(pos, positions):
-            raise CallError("mutated", "the target modified its positions argument")
-        if self.target.inplace:
-            if not torch.equal(arg, y):
-                raise CallError("inplace", "declared in-place, but the input does not hold the output")
-        elif not torch.equal(arg, x):
-            changed = torch.nonzero(arg != x)
-            raise CallError("mutated", f"the target modified its input x in place ({len(changed)} "
-                                       f"elements changed, first at {tuple(changed[0].tolist())})")
-        return y.detach()
+        """y = f(x, positions); the target works on copies, checked afterwards."""
+        outcome = self.outcome("call", (x,), positions)
+        if not isinstance(outcome.outputs, torch.Tensor):
+            raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
+        validate(outcome.outputs, x)
+        raise_violations(outcome)
+        return outcome.outputs
 
     def vjp(self, x: torch.Tensor, positions: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """The vector-Jacobian product g^T df/dx at x, through the target's autograd."""
-        leaf = x.detach().clone().requires_grad_(True)
-        arg = leaf.clone() if self.target.inplace else leaf
-        y = self._invoke(arg, positions.clone())
-        self._validate(y.detach(), x)
-        if not y.requires_grad:
-            raise CallError("backward", "the output does not require grad: autograd does not "
-                                        "flow through the target (declare --no-backward)")
-        with time_limit(self.timeout):
-            try:
-                (g,) = torch.autograd.grad(y, leaf, grad.to(y.dtype), allow_unused=True)
-            except TargetHung:
-                raise
-            except Exception as exc:
-                raise CallError("backward", f"backward raised {describe_exception(exc)}") from None
+        """The vector-Jacobian product g^T df/dx at x, through the target's autograd; the
+        incoming gradient stays the caller's (a backward writing into it is a finding)."""
+        outcome = self.outcome("vjp", (x,), positions, (grad,))
+        if outcome.outputs is None:
+            raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
+        y, g = outcome.outputs
+        validate(y, x)
         if g is None:
             raise CallError("backward", "backward returned no gradient for x")
-        self._validate(g, x)
-        return g.detach()
+        validate(g, x)
+        raise_violations(outcome)
+        return g

@@ -6,6 +6,7 @@ not be loaded or called (the message says why; a traceback only with --debug).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import traceback
@@ -15,21 +16,59 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, selected_properties
+from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, selected_properties, wants_range_probe
 from reference import LAYOUTS
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
-from ropecheck.calling import DEFAULT_TIMEOUT
+from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
 from ropecheck.nd import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilySpec, check_family
-from ropecheck.output import print_failures, results_table, write_json, write_junit
+from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
+                              write_json, write_junit, write_unusable)
 from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
-def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE):
+class Records:
+    """Where this run's JSON and JUnit go; written on every exit, 2 included."""
+
+    def __init__(self, json_path=None, junit_path=None, target: str = DEFAULT_TARGET):
+        self.json_path, self.junit_path, self.target = json_path, junit_path, target
+
+    @classmethod
+    def from_args(cls, args) -> "Records":
+        """Found in the raw arguments, for errors before click has parsed them."""
+        found = {"--json": None, "--junit": None}
+        for i, word in enumerate(args):
+            for flag in found:
+                if word == flag and i + 1 < len(args):
+                    found[flag] = args[i + 1]
+                elif word.startswith(flag + "="):
+                    found[flag] = word.split("=", 1)[1]
+        target = next((w for w in args if not w.startswith("-")), DEFAULT_TARGET)
+        return cls(found["--json"], found["--junit"], target)
+
+    def unusable(self, reason: str, exit_status: int = EXIT_UNUSABLE) -> None:
+        write_unusable(self.json_path, self.junit_path, self.target, reason, exit_status)
+
+
+def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE, records: Records | None = None):
     console.print(f"[bold red]ropecheck:[/] {message}", highlight=False, soft_wrap=True)
+    if records is not None:
+        records.unusable(message, code)
     sys.exit(code)
+
+
+class RecordedCommand(click.Command):
+    """A command whose usage errors (found while parsing) still leave the JSON / JUnit
+    record the user asked for."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            Records.from_args(args).unusable(f"usage error: {exc.format_message()}")
+            raise
 
 
 def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, extra=()) -> str:
@@ -42,10 +81,14 @@ def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, ext
         words += ["--rotary-dim", str(spec.rotary_dim)]
     if spec.scaling:
         words += ["--scaling", spec.scaling]
+    if spec.max_position is not None:
+        words += ["--max-position", str(spec.max_position)]
     if not spec.backward:
         words.append("--no-backward")
     if spec.inplace:
         words.append("--inplace")
+    if spec.in_process:
+        words.append("--in-process")
     for d in dtypes:
         words += ["--dtype", d]
     words += ["--profile", profile]
@@ -60,7 +103,35 @@ def main():
     """Numerical verification and property testing for rotary position embeddings."""
 
 
-@main.command()
+def entry():
+    """The ``ropecheck`` command: the CLI, then an exit that neither the target's lingering
+    threads (with --in-process) nor its workers can hold up."""
+    try:
+        main(prog_name="ropecheck")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finish(code)
+
+
+def finish(code: int):
+    from ropecheck.worker import close_all
+    import threading
+
+    close_all()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    lingering = [t for t in threading.enumerate() if t is not threading.current_thread()
+                 and not t.daemon and t.is_alive()]
+    if lingering:  # a target's thread must not keep ropecheck (and a CI job) waiting
+        os._exit(code)
+    sys.exit(code)
+
+
+MAX_POSITION_RANGE = click.IntRange(255, 2**24)
+
+
+@main.command(cls=RecordedCommand)
 @click.argument("target", required=False)
 @click.option("--layout", type=click.Choice(LAYOUTS),
               help="Pairing layout. Without it only spec-free checks run.")
@@ -68,6 +139,9 @@ def main():
 @click.option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
 @click.option("--scaling", help="Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, "
               "yarn, llama3, longrope), a JSON object of HF rope_parameters, or @file.json.")
+@click.option("--max-position", type=MAX_POSITION_RANGE,
+              help="Declared position range: positions 0 .. N are drawn, shifted into and swept "
+                   "(default 2^24 = 16777216; at least 255).")
 @click.option("--dtype", "dtypes", multiple=True,
               help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
 @click.option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
@@ -79,6 +153,12 @@ def main():
 @click.option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
 @click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
               help="Seconds one call of the target may take.")
+@click.option("--strict-layouts", is_flag=True,
+              help="A refusal of an exotic memory layout (the layouts probe) fails instead of "
+                   "being a support note.")
+@click.option("--in-process", is_flag=True,
+              help="Call the target in ropecheck's own process, not in a worker process (for a "
+                   "target that cannot be imported twice; a crash then ends ropecheck).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
 @click.option("--known-failures", "known_paths", multiple=True, type=click.Path(dir_okay=False),
@@ -98,34 +178,39 @@ def main():
 @click.option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
 @click.option("--scale-base", type=float, help="With --family xpos: the scale base s of zeta^(m/s) (default 512).")
 @click.option("--gamma", type=float, help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
-def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplace, profile, seed,
-          property_names, max_examples, timeout, json_path, junit_path, known_paths,
-          no_known_failures, debug, family=None, axes=None, sections=None, split=None,
-          nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None):
+def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_backward, inplace,
+          profile, seed, property_names, max_examples, timeout, strict_layouts, in_process,
+          json_path, junit_path, known_paths, no_known_failures, debug, family=None, axes=None,
+          sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
+    records = Records(json_path, junit_path, target or DEFAULT_TARGET)
+    options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
+                         strict_layouts=strict_layouts)
     if family or (target in ND_ADAPTERS):
         sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
                                                   axes, sections, split, layout,
                                                   nd_base or (None if base is None else f"{base:g}"),
-                                                  scale_base, gamma, interleaved=mrope_interleaved or None),
-                              dtypes, property_names,
-                              RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples),
-                              json_path, junit_path, debug,
+                                                  scale_base, gamma, interleaved=mrope_interleaved or None,
+                                                  max_position=max_position, in_process=in_process),
+                              dtypes, property_names, options, json_path, junit_path, debug,
                               (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
     spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
-                      scaling=scaling)
+                      scaling=scaling, max_position=max_position, in_process=in_process)
     try:
-        built = spec.build()
-        dtype_list, explicit = resolve_dtypes(dtypes, built)
         properties = selected_properties(property_names)
         defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
         known = known_failures.load([*defaults, *known_paths])
+        dtype_list, explicit = resolve_dtypes(dtypes, None) if dtypes else (None, False)
+        built = spec.build()
+        dtype_list, explicit = resolve_dtypes(dtypes, built)
     except UnusableTarget as exc:
-        _fail(console, f"cannot load target {spec.name!r}: {exc}")
+        _fail(console, f"cannot load target {spec.name!r}: {exc}", records=records)
     except ValueError as exc:
+        records.unusable(f"usage error: {exc}")
         raise click.UsageError(str(exc))
+    on_abort(records.unusable)  # the in-process watchdog's last act
 
     if built.convention is None:
         console.print("[yellow]No --layout given: running spec-free checks only "
@@ -133,45 +218,55 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
     else:
         console.print(f"Convention: {built.convention.flags()}")
 
-    usable = []
-    problems = warm_up(built, dtype_list, timeout)
+    usable, unsupported = [], {}
+    crashes: dict = {}
+    try:
+        problems = warm_up(built, dtype_list, timeout, crashes)
+    except KeyboardInterrupt:
+        _fail(console, "interrupted", EXIT_FAILED, records)
     for dtype in dtype_list:
         problem = problems[dtype]
         if problem is None:
             usable.append(dtype)
         elif explicit:
-            _fail(console, f"target {spec.name!r} cannot be called: {problem}")
+            _fail(console, f"target {spec.name!r} cannot be called: {problem}", records=records)
         else:
-            console.print(f"[yellow]skipping {dtype}: {problem}[/]")
+            unsupported[dtype] = problem
+            console.print(f"[yellow]skipping {dtype}: {escape(problem)}[/]")
     if not usable:
-        _fail(console, f"target {spec.name!r} cannot be called in any dtype")
+        _fail(console, f"target {spec.name!r} cannot be called in any dtype"
+              + (f": {next(iter(unsupported.values()))}" if unsupported else ""), records=records)
     built = callable_in(built, problems)
 
     seed = seed if seed is not None or profile == "ci" else default_seed()
+    options.seed = seed
     extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
-        ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else [])
-    options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples)
-    session = Session(built, usable, properties, options, known=known,
+        ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \
+        (["--strict-layouts"] if strict_layouts else [])
+    session = Session(built, usable, properties, options, known=known, crashes=crashes,
+                      unsupported=unsupported, range_probe=wants_range_probe(property_names),
                       reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
-    console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized"))
+    console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
+                  + ("" if built.max_position is None else f", positions 0 .. {built.max_position}"))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
-            task = progress.add_task("checking", total=len(usable) * len(properties))
+            task = progress.add_task("checking", total=len(usable) * len(session.rows))
 
             def advance(result):
                 progress.update(task, advance=1, description=f"{result.property} ({result.dtype})")
 
             session.run(advance)
     except KeyboardInterrupt:
-        _fail(console, "interrupted", EXIT_FAILED)
+        _fail(console, "interrupted", EXIT_FAILED, records)
     except Exception as exc:  # our own bug: say so plainly
         if debug:
             traceback.print_exc()
-        _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+        _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", records=records)
 
     console.print(results_table(session))
     print_failures(console, session)
+    print_notes(console, session)
     if session.stopped:
         console.print(f"[bold red]stopped early:[/] {session.stopped}")
     if json_path:
@@ -182,10 +277,8 @@ def check(target, layout, base, rotary_dim, scaling, dtypes, no_backward, inplac
         for r in session.results:
             if r.status == "error":
                 console.print(r.message, markup=False)
-    verdict = session.verdict
-    console.print({"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
-                   "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}[verdict])
-    sys.exit({"passed": EXIT_PASSED, "failed": EXIT_FAILED, "error": EXIT_UNUSABLE}[verdict])
+    console.print(verdict_line(session), soft_wrap=True)
+    sys.exit(EXIT_STATUS[session.verdict])
 
 
 @main.command()
@@ -292,4 +385,4 @@ def identify(target, timeout, json_path, debug):
 
 
 if __name__ == "__main__":
-    main()
+    entry()

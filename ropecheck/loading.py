@@ -1,16 +1,25 @@
-"""Resolve a target spec: ``path/to/file.py:func``, ``package.module:attr`` or a built-in name."""
+"""Resolve a target spec: ``path/to/file.py:func``, ``package.module:attr`` or a built-in name.
+
+A file or module is imported with the current directory on ``sys.path`` (as
+``python -m`` would), so a target file in a project can import that project's own
+package when ropecheck runs from its root, whichever script started ropecheck.
+
+``load*`` build the target here; ``load*_isolated`` build it in a worker process
+(``ropecheck.worker``) and return a target whose calls run there.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 
 from ropecheck.adapters import ADAPTERS
 from ropecheck.builtins import BUILTINS, builtin
-from ropecheck.calling import describe_exception
+from ropecheck.execution import describe_exception
 from ropecheck.target import Target
 
 
@@ -19,6 +28,8 @@ class TargetLoadError(Exception):
 
 
 def _import_file(path: Path):
+    if path.is_dir():
+        raise TargetLoadError(f"{path} is a directory, not a Python file")
     if not path.is_file():
         raise TargetLoadError(f"no such file: {path}")
     module_name = f"ropecheck_target_{abs(hash(str(path.resolve())))}"
@@ -78,19 +89,14 @@ def _build_adapter(adapter) -> Target:
         raise TargetLoadError(f"building target {adapter.name!r} failed: {_describe(exc)}") from exc
 
 
-def load(spec: str, **builtin_options) -> Target:
-    """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins."""
-    if spec in BUILTINS:
-        try:
-            return builtin(spec, **builtin_options)
-        except ValueError as exc:
-            raise TargetLoadError(str(exc)) from None
-    if spec in ADAPTERS:
-        return _build_adapter(ADAPTERS[spec])
+def resolve(spec: str):
+    """The object ``path/to/file.py:attr`` or ``package.module:attr`` names."""
     if ":" not in spec:
         raise TargetLoadError(
             f"cannot resolve target {spec!r}: use path/to/file.py:func, package.module:attr "
             f"or a target name (`ropecheck list` shows them)")
+    if os.getcwd() not in sys.path:  # the project's own packages, as `python -m` finds them
+        sys.path.append(os.getcwd())
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py") or "/" in where or Path(where).is_file():
         module = _import_file(Path(where))
@@ -103,7 +109,67 @@ def load(spec: str, **builtin_options) -> Target:
             raise TargetLoadError(f"{where} has no attribute {attr!r} (it has: "
                                   f"{', '.join(public[:12]) or 'nothing public'})")
         obj = getattr(obj, part)
+    return obj
+
+
+def load(spec: str, **builtin_options) -> Target:
+    """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins."""
+    if spec in BUILTINS:
+        try:
+            return builtin(spec, **builtin_options)
+        except ValueError as exc:
+            raise TargetLoadError(str(exc)) from None
+    if spec in ADAPTERS:
+        return _build_adapter(ADAPTERS[spec])
+    obj = resolve(spec)
     if isinstance(obj, Target):
         return obj
     check_signature(obj)
     return Target(name=spec, fn=obj)
+
+
+def load_callable(spec: str, rope_signature: bool = True) -> tuple:
+    """(callable, the largest position (per axis) it declares or None) for the families
+    (N-D, xPos): an adapter's function, or a file's / module's attribute, which may be an
+    object with ``fn`` and ``max_position``."""
+    if spec in ADAPTERS:
+        target = load(spec)
+        return target.fn, target.max_position
+    obj = resolve(spec)
+    max_position = getattr(obj, "max_position", None)
+    obj = getattr(obj, "fn", obj)
+    if not callable(obj):
+        raise TargetLoadError(f"{spec} is not callable")
+    if rope_signature:
+        check_signature(obj)
+    return obj, max_position
+
+
+# --- in a worker process --------------------------------------------------------------
+
+def _target_parts(spec: str, builtin_options: dict) -> tuple:
+    """Run in the worker: (the callable, the target's description without it)."""
+    target = load(spec, **builtin_options)
+    return target.fn, target.with_(fn=None)
+
+
+def _start(loader: str, args: tuple):
+    from ropecheck.worker import Worker, WorkerError
+
+    worker = Worker(loader, args)
+    try:
+        return worker, worker.start()
+    except WorkerError as exc:
+        raise TargetLoadError(str(exc)) from None
+
+
+def load_isolated(spec: str, **builtin_options) -> Target:
+    """Like :func:`load`, with the target imported and called in a worker process."""
+    worker, target = _start("ropecheck.loading:_target_parts", (spec, builtin_options))
+    return target.with_(fn=worker.function, executor=worker)
+
+
+def load_callable_isolated(spec: str, rope_signature: bool = True) -> tuple:
+    """Like :func:`load_callable`: (callable, max_position, the worker it runs in)."""
+    worker, max_position = _start("ropecheck.loading:load_callable", (spec, rope_signature))
+    return worker.function, max_position, worker

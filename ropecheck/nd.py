@@ -30,9 +30,9 @@ from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConv
                                    smoke_call)
 from reference import nd as ndref
 from ropecheck import known_failures
-from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.calling import TargetHung
+from ropecheck.loading import TargetLoadError, load_callable, load_callable_isolated
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
@@ -81,16 +81,34 @@ class FamilySpec:
     gamma: Optional[float] = None
     interleaved: Optional[bool] = None  # mrope sections interleaved over the pairs (Qwen3-VL)
     extra: dict = field(default_factory=dict)
+    max_position: Optional[int] = None  # the declared position range (--max-position)
+    in_process: bool = False  # call the target here, not in a worker process
+
+    def load(self, rope_signature: bool) -> tuple:
+        """(callable, the largest position it accepts or None, its executor)."""
+        try:
+            if self.in_process:
+                fn, declared = load_callable(self.target, rope_signature)
+                executor = None
+            else:
+                fn, declared, executor = load_callable_isolated(self.target, rope_signature)
+        except TargetLoadError as exc:
+            raise FamilyError(str(exc)) from None
+        limits = [n for n in (declared, self.max_position) if n is not None]
+        return fn, (min(limits) if limits else None), executor
 
     def flags(self) -> list:
         words = ["--family", self.family]
         for flag, value in (("--axes", self.axes), ("--sections", self.sections), ("--split", self.split),
                             ("--layout", self.layout), ("--base", self.base),
-                            ("--scale-base", self.scale_base), ("--gamma", self.gamma)):
+                            ("--scale-base", self.scale_base), ("--gamma", self.gamma),
+                            ("--max-position", self.max_position)):
             if value is not None:
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if self.interleaved:
             words.append("--mrope-interleaved")
+        if self.in_process:
+            words.append("--in-process")
         return words
 
     def xpos_target(self) -> XposTarget:
@@ -105,8 +123,9 @@ class FamilySpec:
                                   **{k: float(v) for k, v in given.items() if v is not None})
         except ValueError as exc:
             raise FamilyError(str(exc)) from None
-        fn, declared = _load_callable(self.target, rope_signature=False)
-        return XposTarget(self.target, fn, conv, max_position=min(declared or XPOS_MAX_POSITION, XPOS_MAX_POSITION))
+        fn, declared, executor = self.load(rope_signature=False)
+        return XposTarget(self.target, fn, conv, max_position=min(declared or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
+                          executor=executor)
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
         """(n_axes, reference convention or None, head sizes to draw)."""
@@ -135,34 +154,6 @@ class FamilySpec:
             raise FamilyError(str(exc)) from None
 
 
-def _load_callable(spec: str, rope_signature: bool):
-    """(callable, largest position (per axis) it accepts or None)."""
-    from ropecheck.loading import TargetLoadError, _import_file, _import_module, check_signature, load
-    try:
-        if spec in ADAPTERS:
-            target = load(spec)
-            return target.fn, target.max_position
-        if ":" not in spec:
-            raise FamilyError(f"cannot resolve target {spec!r}: use path/to/file.py:func or package.module:attr")
-        where, _, attr = spec.rpartition(":")
-        module = _import_file(__import__("pathlib").Path(where)) if where.endswith(".py") or "/" in where \
-            else _import_module(where)
-        obj = module
-        for part in attr.split("."):
-            if not hasattr(obj, part):
-                raise FamilyError(f"{where} has no attribute {attr!r}")
-            obj = getattr(obj, part)
-        max_position = getattr(obj, "max_position", None)
-        obj = getattr(obj, "fn", obj)
-        if not callable(obj):
-            raise FamilyError(f"{spec} is not callable")
-        if rope_signature:
-            check_signature(obj)
-        return obj, max_position
-    except TargetLoadError as exc:
-        raise FamilyError(str(exc)) from None
-
-
 def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions, reproduce: str):
     """Everything needed to run: a list of (property name, dtype, formula, runner) and a
     session shell that ropecheck.output can print and save."""
@@ -176,7 +167,10 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     if spec.family in BUILDER_FAMILIES:
         fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
             builder_checks.family(BUILDER_FAMILIES[spec.family])
-        fn, _ = _load_callable(spec.target, rope_signature=False)
+        try:
+            fn, _ = load_callable(spec.target, rope_signature=False)  # called here: builders take no tensors
+        except TargetLoadError as exc:
+            raise FamilyError(str(exc)) from None
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
             formula = builder_checks.BUILDER_CHECKS[name][0]
@@ -198,10 +192,11 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                 return run_xpos_property(XPOS_PROPERTIES[name], target, dtype, options, command)
         else:
             n_axes, conv, head_dims = spec.convention()
-            fn, max_position = _load_callable(spec.target, rope_signature=True)
+            fn, max_position, executor = spec.load(rope_signature=True)
             convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
             try:
-                targets = [NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position)
+                targets = [NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position,
+                                    executor=executor)
                            for d, c in zip(head_dims, convs)]
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None
@@ -217,9 +212,10 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                 runs.append((name, dtype, registry[name].formula, lambda name=name, dtype=dtype: run_one(
                     name, dtype, f"{reproduce} --dtype {dtype} --property {name}")))
     shell = SimpleNamespace(
-        target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False),
+        target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False,
+                               max_position=spec.max_position),
         dtypes=list(dtypes), properties=[SimpleNamespace(name=n) for n in names], options=options,
-        results=[], stopped=None)
+        results=[], stopped=None, causes=[])
     shell.verdict = None
     return runs, shell
 
@@ -250,8 +246,9 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
                  known_paths=(known_failures.DEFAULT_FILE,)) -> int:
     """Run a --family check; returns the exit status (0 passed, 1 failed, 2 unusable/error).
     Failures that a record in ``known_paths`` excuses show as ``known``."""
-    from ropecheck.output import print_failures, results_table, write_json, write_junit
-    from ropecheck.session import resolve_dtypes
+    from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
+                                  write_json, write_junit, write_unusable)
+    from ropecheck.session import group_causes, resolve_dtypes
 
     try:
         names = [n for item in dtypes or () for n in str(item).split(",") if n.strip()]
@@ -261,6 +258,7 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
         known = known_failures.load(known_paths)
     except (FamilyError, KeyError, ValueError) as exc:
         console.print(f"[bold red]ropecheck:[/] {exc}", highlight=False, soft_wrap=True)
+        write_unusable(json_path, junit_path, spec.target, str(exc))
         return 2
     console.print(f"Family {spec.family}: " + " ".join(spec.flags()[2:]) if len(spec.flags()) > 2
                   else f"Family {spec.family}")
@@ -273,15 +271,16 @@ def check_family(console, spec: FamilySpec, dtypes, property_names, options: Run
         shell.results += known_failures.apply(spec.target, [result], known)
         if shell.stopped:
             break
+    shell.causes = group_causes(shell.results)
     shell.verdict = verdict(shell.results)
     console.print(results_table(shell))
     print_failures(console, shell)
+    print_notes(console, shell)
     if shell.stopped:
         console.print(f"[bold red]stopped early:[/] {shell.stopped}")
     if json_path:
         write_json(json_path, shell)
     if junit_path:
         write_junit(junit_path, shell)
-    console.print({"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
-                   "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}[shell.verdict])
-    return {"passed": 0, "failed": 1, "error": 2}[shell.verdict]
+    console.print(verdict_line(shell), soft_wrap=True)
+    return EXIT_STATUS[shell.verdict]

@@ -1,4 +1,5 @@
-"""How results are shown and saved: the rich table, failure details, JSON and JUnit XML."""
+"""How results are shown and saved: the rich table, root causes, failure details, support
+notes, the verdict line, JSON and JUnit XML (written on every exit, 2 included)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
 STATUS_STYLE = {"passed": "[green]pass[/]", "failed": "[bold red]FAIL[/]",
                 "skipped": "[dim]skip[/]", "error": "[bold magenta]ERROR[/]",
                 "known": "[yellow]known[/]"}
+VERDICT_LINE = {"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
+                "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}
+EXIT_STATUS = {"passed": 0, "failed": 1, "error": 2}
 
 
 def _version(package: str) -> str:
@@ -30,6 +35,10 @@ def environment() -> dict:
             "hypothesis": _version("hypothesis"), "platform": platform.platform()}
 
 
+def _rows(session) -> list[str]:
+    return getattr(session, "rows", None) or [p.name for p in session.properties]
+
+
 def _cell(result) -> str:
     text = STATUS_STYLE[result.status]
     if result.max_error is not None and result.status in ("passed", "failed", "known"):
@@ -37,21 +46,26 @@ def _cell(result) -> str:
         if result.status != "passed" and float(shown) <= 1.0:
             shown = ">1"  # a failure just past the bound must not read as 1
         text += f" {shown}"
+    if getattr(result, "cause", None):
+        text += f" ({result.cause})"
+    if getattr(result, "notes", None):
+        text += " *"
     return text
 
 
 def results_table(session) -> Table:
-    """Rows: properties; columns: dtypes; each cell the verdict and max error in tolerance
-    units (<= 1 passes)."""
+    """Rows: properties; columns: dtypes; each cell the verdict and the largest error in
+    tolerance units any input showed (<= 1 passes), the root cause it shares (C1, ...)
+    and * when a support note goes with it."""
     table = Table(title=f"ropecheck: {session.target.name}", title_justify="left")
     table.add_column("property")
     for dtype in session.dtypes:
         table.add_column(dtype, justify="right")
     cells = {(r.property, r.dtype): r for r in session.results}
-    for prop in session.properties:
-        row = [prop.name]
+    for name in _rows(session):
+        row = [name]
         for dtype in session.dtypes:
-            r = cells.get((prop.name, dtype))
+            r = cells.get((name, dtype))
             row.append(_cell(r) if r else "[dim]-[/]")
         table.add_row(*row)
     horizons = []
@@ -66,32 +80,82 @@ def results_table(session) -> Table:
     return table
 
 
+def _detail(console: Console, label: str, text: str) -> None:
+    if text:
+        console.print(f"  {label}{text}", markup=False, highlight=False, soft_wrap=True)
+
+
 def print_failures(console: Console, session) -> None:
+    """Each root cause once, with the properties it took down; then every other failure."""
+    for cause in getattr(session, "causes", []):
+        console.print(f"\n[bold red]ROOT CAUSE {cause['id']}[/] took down {len(cause['properties'])} "
+                      f"properties ({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}:",
+                      soft_wrap=True)
+        _detail(console, "", cause["message"])
+        _detail(console, "likely cause: ", cause.get("diagnosis", ""))
+        for other in cause.get("also", []):
+            _detail(console, f"{other['property']} ({other['dtype']}): ", other["message"])
+        _detail(console, "minimal counterexample: ", cause["counterexample"])
+        _detail(console, "reproduce: ", cause["reproduce"])
     for r in session.results:
-        if r.status not in ("failed", "error", "known"):
+        if r.status not in ("failed", "error", "known") or getattr(r, "cause", None):
             continue
         colour = "yellow" if r.status == "known" else "bold red"
         console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): "
                       f"{escape(r.formula)}", soft_wrap=True)
-        console.print(f"  {r.message}", markup=False, highlight=False, soft_wrap=True)
-        if r.counterexample:
-            console.print(f"  minimal counterexample: {r.counterexample}", markup=False, highlight=False, soft_wrap=True)
-        if r.reproduce:
-            console.print(f"  reproduce: {r.reproduce}", markup=False, highlight=False, soft_wrap=True)
+        _detail(console, "", r.message)
+        _detail(console, "likely cause: ", getattr(r, "diagnosis", ""))
+        _detail(console, "minimal counterexample: ", r.counterexample)
+        _detail(console, "reproduce: ", r.reproduce)
+
+
+def support_notes(session) -> dict[str, list[str]]:
+    """note -> the dtypes it was seen in."""
+    out: dict[str, list[str]] = {}
+    for r in session.results:
+        for note in getattr(r, "notes", []):
+            out.setdefault(note, []).append(r.dtype)
+    return out
+
+
+def print_notes(console: Console, session) -> None:
+    notes = support_notes(session)
+    if notes:
+        console.print("\n[yellow]support notes[/] (* above: exotic inputs the target refuses; "
+                      "not failures, --strict-layouts makes them so):")
+        for note, dtypes in notes.items():
+            console.print(f"  {note} [{', '.join(dtypes)}]", markup=False, highlight=False, soft_wrap=True)
+
+
+def verdict_line(session) -> str:
+    """PASSED / FAILED / ERROR, and the dtypes the target does not support."""
+    line = VERDICT_LINE[session.verdict]
+    for dtype, why in getattr(session, "unsupported", {}).items():
+        line += f"; {dtype} not supported: {escape(why.removeprefix('the target raised '))}"
+    return line
 
 
 def session_dict(session) -> dict:
-    c = session.target.convention
+    c = getattr(session.target, "convention", None)
+    conv = None
+    if c is not None and hasattr(c, "layout") and hasattr(c, "rotary_dim"):
+        conv = {"layout": c.layout, "base": c.base, "rotary_dim": c.rotary_dim}
     return {
+        "schema_version": SCHEMA_VERSION,
         "target": session.target.name,
-        "convention": None if c is None else {"layout": c.layout, "base": c.base,
-                                              "rotary_dim": c.rotary_dim},
-        "capabilities": {"backward": session.target.backward, "inplace": session.target.inplace},
+        "convention": conv,
+        "capabilities": {"backward": getattr(session.target, "backward", False),
+                         "inplace": getattr(session.target, "inplace", False),
+                         "max_position": getattr(session.target, "max_position", None)},
         "profile": session.options.profile,
         "seed": session.options.seed,
         "dtypes": session.dtypes,
+        "unsupported_dtypes": dict(getattr(session, "unsupported", {})),
         "verdict": session.verdict,
+        "exit_status": EXIT_STATUS[session.verdict],
         "stopped": session.stopped,
+        "causes": list(getattr(session, "causes", [])),
+        "support_notes": [{"note": n, "dtypes": d} for n, d in support_notes(session).items()],
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
     }
@@ -103,10 +167,11 @@ def write_json(path: str, session) -> None:
 
 def write_junit(path: str, session) -> None:
     results = session.results
-    suite = ET.Element("testsuite", name="ropecheck", tests=str(len(results)),
+    unsupported = getattr(session, "unsupported", {})
+    suite = ET.Element("testsuite", name=f"ropecheck.{session.target.name}", tests=str(len(results) + len(unsupported)),
                        failures=str(sum(r.status == "failed" for r in results)),
                        errors=str(sum(r.status == "error" for r in results)),
-                       skipped=str(sum(r.status == "skipped" for r in results)),
+                       skipped=str(sum(r.status in ("skipped", "known") for r in results) + len(unsupported)),
                        time=f"{sum(r.seconds for r in results):.3f}")
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",
@@ -114,9 +179,40 @@ def write_junit(path: str, session) -> None:
         if r.status in ("failed", "error"):
             node = ET.SubElement(case, "failure" if r.status == "failed" else "error",
                                  message=r.message[:500])
-            node.text = "\n".join(filter(None, [r.formula, r.message, r.counterexample, r.reproduce]))
+            cause = f"root cause {r.cause}" if getattr(r, "cause", None) else ""
+            node.text = "\n".join(filter(None, [r.formula, r.message, cause, getattr(r, "diagnosis", ""),
+                                                r.counterexample, r.reproduce]))
         elif r.status in ("skipped", "known"):
             ET.SubElement(case, "skipped", message=r.message)
+        if getattr(r, "notes", None):
+            ET.SubElement(case, "system-out").text = "\n".join(r.notes)
+    for dtype, why in unsupported.items():
+        case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",
+                             name=f"dtype[{dtype}]", time="0")
+        ET.SubElement(case, "skipped", message=f"{dtype} not supported: {why}"[:500])
+    _write_tree(suite, path)
+
+
+def _write_tree(suite: ET.Element, path: str) -> None:
     tree = ET.ElementTree(suite)
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_unusable(json_path, junit_path, target: str, reason: str, exit_status: int = 2) -> None:
+    """The record of a run that ended before any verdict (exit 2): the reason in place of
+    results. Never raises (it runs on the way out)."""
+    try:
+        if json_path:
+            record = {"schema_version": SCHEMA_VERSION, "target": target, "verdict": "unusable",
+                      "exit_status": exit_status, "reason": reason, "results": [],
+                      "environment": environment()}
+            Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
+        if junit_path:
+            suite = ET.Element("testsuite", name=f"ropecheck.{target}", tests="1", failures="0",
+                               errors="1", skipped="0", time="0")
+            case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{target}", name="run", time="0")
+            ET.SubElement(case, "error", message=reason[:500]).text = reason
+            _write_tree(suite, junit_path)
+    except OSError:
+        pass

@@ -13,7 +13,7 @@ import pytest
 from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
-                               resolve_dtypes, warm_up)
+                               probe_position_range, resolve_dtypes, warm_up)
 
 
 def pytest_addoption(parser):
@@ -33,13 +33,29 @@ def pytest_addoption(parser):
     group.addoption("--rope-seed", type=int, default=None)
     group.addoption("--rope-max-examples", type=int, default=None)
     group.addoption("--rope-timeout", type=float, default=DEFAULT_TIMEOUT)
+    group.addoption("--rope-max-position", type=int, default=None,
+                    help="declared position range 0 .. N (default 2^24), as ropecheck check --max-position")
+    group.addoption("--rope-strict-layouts", action="store_true",
+                    help="a refusal of an exotic memory layout fails instead of being a note")
+    group.addoption("--rope-in-process", action="store_true",
+                    help="call the target in pytest's process, not in a worker process")
 
 
 def _spec(config) -> TargetSpec:
     get = config.getoption
     return TargetSpec(get("--rope-target"), get("--rope-layout"), get("--rope-base"),
                       get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
-                      inplace=get("--rope-inplace"), scaling=get("--rope-scaling"))
+                      inplace=get("--rope-inplace"), scaling=get("--rope-scaling"),
+                      max_position=get("--rope-max-position"), in_process=get("--rope-in-process"))
+
+
+def _target(config):
+    """The target, built once per pytest session (in its worker process, unless
+    --rope-in-process); raises UnusableTarget."""
+    if getattr(config, "_ropecheck_target", None) is None:
+        config._ropecheck_target = _spec(config).build()
+        config.add_cleanup(config._ropecheck_target.executor_close)
+    return config._ropecheck_target
 
 
 def pytest_generate_tests(metafunc):
@@ -47,7 +63,7 @@ def pytest_generate_tests(metafunc):
         return
     config = metafunc.config
     try:
-        target = _spec(config).build()
+        target = _target(config)
         dtypes, _ = resolve_dtypes(config.getoption("--rope-dtype"), target)
     except (UnusableTarget, ValueError) as exc:
         pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
@@ -57,9 +73,12 @@ def pytest_generate_tests(metafunc):
 def pytest_configure(config):
     """Fail fast, as a usage error, on a target that cannot be loaded; and pick a random
     seed unless one is given (ci is derandomized), so every run can be replayed."""
+    position_range = config.getoption("--rope-max-position")
+    if position_range is not None and not 255 <= position_range <= 2**24:
+        raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
     if config.getoption("--rope-target"):
         try:
-            _spec(config).build()
+            _target(config)
         except UnusableTarget as exc:
             raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
     if config.getoption("--rope-seed") is None and config.getoption("--rope-profile") != "ci":
@@ -84,7 +103,7 @@ def reproduce_hint(config, name: str, dtype: str) -> str:
 @pytest.fixture(scope="session")
 def rope_target(request):
     try:
-        return _spec(request.config).build()
+        return _target(request.config)
     except UnusableTarget as exc:
         pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=2)
 
@@ -93,7 +112,8 @@ def rope_target(request):
 def rope_options(request) -> RunOptions:
     get = request.config.getoption
     return RunOptions(profile=get("--rope-profile"), seed=get("--rope-seed"),
-                      timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"))
+                      timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"),
+                      strict_layouts=get("--rope-strict-layouts"))
 
 
 @pytest.fixture(scope="session")
@@ -110,3 +130,16 @@ def rope_callable(rope_target, rope_dtype, rope_warm_up):
     if problem is not None:
         pytest.fail(f"target cannot be called: {problem}", pytrace=False)
     return callable_in(rope_target, rope_warm_up)
+
+
+_ranges: dict = {}
+
+
+@pytest.fixture
+def rope_range(rope_callable, rope_dtype, rope_options, request):
+    """(the position-range finding, the target restricted to the positions it accepts),
+    probed once per dtype."""
+    if rope_dtype not in _ranges:
+        _ranges[rope_dtype] = probe_position_range(
+            rope_callable, rope_dtype, rope_options, reproduce_hint(request.config, "position-range", rope_dtype))
+    return _ranges[rope_dtype]

@@ -10,13 +10,15 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from properties import position_range
 from properties.checks import Property
 from properties.runner import Result, RunOptions, run_property
+from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
-from ropecheck.loading import TargetLoadError, load
+from ropecheck.loading import TargetLoadError, load, load_isolated
 from reference.scaling import Scaling
 from reference.scaling import parse as parse_scaling
 from ropecheck.target import Convention, Target
@@ -35,6 +37,8 @@ class TargetSpec:
     backward: bool = True
     inplace: bool = False
     scaling: Optional[str] = None  # a --scaling value (reference.scaling.parse)
+    max_position: Optional[int] = None  # the declared position range [0, N] (--max-position)
+    in_process: bool = False  # call the target in this process, not in a worker
 
     @property
     def name(self) -> str:
@@ -47,7 +51,8 @@ class TargetSpec:
             options = {k: v for k, v in (("base", self.base), ("rotary_dim", self.rotary_dim),
                                          ("layout", self.layout), ("scaling", scaling))
                        if v is not None}
-            target = load(self.name, **(options if self.name in BUILTINS else {}))
+            loader = load if self.in_process else load_isolated
+            target = loader(self.name, **(options if self.name in BUILTINS else {}))
             convention = target.convention
             if self.layout is not None:
                 convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim,
@@ -62,9 +67,11 @@ class TargetSpec:
         except (TargetLoadError, ValueError, OSError) as exc:
             raise UnusableTarget(str(exc)) from None
         rotary_dim = self.rotary_dim or target.rotary_dim
+        declared = [n for n in (target.max_position, self.max_position) if n is not None]
         return target.with_(convention=convention, rotary_dim=rotary_dim,
                             backward=self.backward and target.backward,
-                            inplace=self.inplace or target.inplace)
+                            inplace=self.inplace or target.inplace,
+                            max_position=min(declared) if declared else None)
 
 
 SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
@@ -74,7 +81,8 @@ SMOKE_HEAD_DIMS = (8, 64, 128)
 def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
     """Call the target on a few small ordinary inputs. Returns None as soon as one call
     returns a tensor (right or wrong: the checks judge that), else why none could.
-    A call that hangs raises TargetHung, with the input it hung on in its message."""
+    A call that hangs raises TargetHung, one that crashes the process CallError
+    ("crashed"), each with the input in its message."""
     problems = []
     head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
     for head_dim in head_dims:
@@ -82,10 +90,13 @@ def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional
             x = torch.randn(batch, seq, heads, head_dim,
                             generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
             positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
+            shown = f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); positions 0 .. {seq - 1} in every row"
             try:
                 Caller(target, timeout)(x, positions)
                 return None
             except CallError as exc:
+                if exc.kind in ("crashed", "exited"):
+                    raise CallError(exc.kind, f"{exc}\n  on the first, smallest input: {shown}") from None
                 if exc.kind != "raised":
                     return None
                 problems.append(f"on x {tuple(x.shape)} {dtype}: {exc}")
@@ -97,11 +108,14 @@ def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
 
 
-def warm_up(target: Target, requested=(), timeout: Optional[float] = None) -> dict:
+def warm_up(target: Target, requested=(), timeout: Optional[float] = None,
+            crashes: Optional[dict] = None) -> dict:
     """Smoke-call the target in every dtype it declares, lowest precision first, then in
     the ``requested`` dtypes, before any check: a target that keeps state from its first
     call (a cos/sin cache built in that call's dtype, say) is then checked in the state a
     real multi-dtype process sees. Returns {dtype: why it cannot be called, or None}.
+    A dtype whose smallest call crashes the process (or exits) is callable, and a failure:
+    its message goes into ``crashes`` (dtype -> message).
     A hang costs a whole time limit, so after one the other unrequested dtypes are not
     tried, and after a hang in a requested dtype nothing more is."""
     others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
@@ -110,6 +124,10 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None) -> di
         for position, dtype in enumerate(group):
             try:
                 problems[dtype] = smoke_call(target, dtype, timeout)
+            except CallError as crash:
+                problems[dtype] = None
+                if crashes is not None:
+                    crashes[dtype] = str(crash)
             except TargetHung as hung:
                 for rest in group[position:]:
                     problems[rest] = str(hung)
@@ -123,6 +141,26 @@ def callable_in(target: Target, problems: dict) -> Target:
     return target.with_(dtypes=tuple(d for d in target.dtypes if problems.get(d) is None))
 
 
+def probe_position_range(target: Target, dtype: str, options: RunOptions, reproduce: str) -> tuple[Result, Target]:
+    """The position-range finding for one dtype, and the target restricted to the
+    positions it accepts (so the properties judge its values, not its range)."""
+    result = Result("position-range", dtype, "passed", position_range.FORMULA)
+    head_dim = target.rotary_dim or FREE_HEAD_DIMS[0]
+    x = torch.randn(1, 1, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+    caller = Caller(target, options.timeout)
+    limit = min(MAX_POSITION, target.max_position or MAX_POSITION)
+    found = position_range.find_limit(
+        lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64)), limit)
+    if found is None:
+        return result, target
+    at, why = found
+    result.status, result.message = "failed", position_range.finding(at, why)
+    result.counterexample = f"x: shape {tuple(x.shape)} {dtype}, contiguous; positions [{at}]"
+    result.reproduce = reproduce
+    result.signature = "position-range"
+    return result, target.with_(max_position=at - 1)
+
+
 @dataclass
 class Session:
     target: Target
@@ -133,23 +171,54 @@ class Session:
     known: list = field(default_factory=list)  # ropecheck.known_failures records
     results: list[Result] = field(default_factory=list)
     stopped: Optional[str] = None  # why the run stopped early
+    crashes: dict = field(default_factory=dict)  # dtype -> the crash of its smallest call
+    unsupported: dict = field(default_factory=dict)  # dtype -> why it cannot be called
+    causes: list = field(default_factory=list)  # root causes shared by several failures
+    range_probe: bool = True  # probe the accepted position range first
+
+    @property
+    def rows(self) -> list[str]:
+        """The table's rows: the position-range probe, then the properties."""
+        return (["position-range"] if self.range_probe else []) + [p.name for p in self.properties]
+
+    def _record(self, result: Result, on_result) -> None:
+        result = known_failures.apply(self.target.name, [result], self.known)[0]
+        self.results.append(result)
+        on_result(result)
+
+    def _run_dtype(self, dtype: str, on_result) -> None:
+        if dtype in self.crashes:  # its smallest call crashes: every property would
+            for prop in self.properties:
+                crashed = Result(prop.name, dtype, "failed", prop.formula,
+                                 message=self.crashes[dtype].split("\n")[0],
+                                 counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1])
+                crashed.signature = f"crashed: {crashed.message}"
+                self._record(crashed, on_result)
+            return
+        target = self.target
+        if self.range_probe:
+            found, target = probe_position_range(target, dtype, self.options,
+                                                 f"{self.reproduce} --property position-range")
+            self._record(found, on_result)
+        for prop in self.properties:
+            result = run_property(prop, target, dtype, self.options,
+                                  reproduce_hint=f"{self.reproduce} --property {prop.name}")
+            self._record(result, on_result)
 
     def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
         for dtype in self.dtypes:
-            for prop in self.properties:
-                try:
-                    result = run_property(prop, self.target, dtype, self.options,
-                                          reproduce_hint=f"{self.reproduce} --property {prop.name}")
-                except TargetHung as exc:
-                    result = Result(prop.name, dtype, "failed", prop.formula,
-                                    message=f"{exc}; the run was stopped here",
-                                    counterexample=getattr(exc, "case", ""))
-                    self.stopped = f"the target hung in {prop.name} ({dtype})"
-                result = known_failures.apply(self.target.name, [result], self.known)[0]
-                self.results.append(result)
-                on_result(result)
-                if self.stopped:
-                    return self.results
+            try:
+                self._run_dtype(dtype, on_result)
+            except TargetHung as exc:
+                done = {(r.property, r.dtype) for r in self.results}
+                name = next(n for n in self.rows if (n, dtype) not in done)
+                formula = next((p.formula for p in self.properties if p.name == name), position_range.FORMULA)
+                hung = Result(name, dtype, "failed", formula, message=f"{exc}; the run was stopped here",
+                              counterexample=getattr(exc, "case", ""))
+                self.stopped = f"the target hung in {name} ({dtype})"
+                self._record(hung, on_result)
+                break
+        self.causes = group_causes(self.results)
         return self.results
 
     @property
@@ -158,6 +227,33 @@ class Session:
         if "error" in statuses:
             return "error"
         return "failed" if "failed" in statuses else "passed"
+
+
+def group_causes(results: list[Result]) -> list[dict]:
+    """Failures that share a signature (the same exception at the same place, the same
+    crash, the same contract breach, the same minimal input) are one root cause: each gets
+    the cause's id; returns the causes, each with the properties it took down."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if r.status == "failed" and r.signature:
+            groups.setdefault(r.signature, []).append(r)
+    causes = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        cause = f"C{len(causes) + 1}"
+        for r in members:
+            r.cause = cause
+        first = members[0]
+        same_input = first.signature.startswith("input: ")
+        causes.append({"id": cause, "message": first.message, "diagnosis": first.diagnosis,
+                       "counterexample": first.counterexample, "reproduce": first.reproduce,
+                       "properties": list(dict.fromkeys(r.property for r in members)),
+                       "dtypes": list(dict.fromkeys(r.dtype for r in members)),
+                       # one input failing several checks: what each of them saw
+                       "also": [{"property": r.property, "dtype": r.dtype, "message": r.message}
+                                for r in members[1:] if same_input and r.message != first.message]})
+    return causes
 
 
 def resolve_dtypes(requested, target: Target) -> tuple[list[str], bool]:

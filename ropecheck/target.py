@@ -8,8 +8,8 @@ capabilities (what may be asked of it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -108,6 +108,8 @@ class Target:
     rotary_dim: Optional[int] = None
     description: str = ""
     max_position: Optional[int] = None  # largest position accepted (a fixed-length cache)
+    # where calls run: a ropecheck.worker.Worker, or None for this process
+    executor: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.convention is not None and self.convention.rotary_dim is not None:
@@ -118,3 +120,8 @@ class Target:
 
     def with_(self, **changes) -> "Target":
         return replace(self, **changes)
+
+    def executor_close(self) -> None:
+        """Stop the worker process the target runs in, if any."""
+        if self.executor is not None:
+            self.executor.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from properties.checks import PROPERTIES
 from ropecheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +154,19 @@ def run_subprocess(*args: str, timeout: float = 120):
     return proc, time.monotonic() - start
 
 
+# every property, and the position-range probe the session runs first
+ROWS = len(PROPERTIES) + 1
+
+
+def failed(output: str, prop: str, dtype: str) -> bool:
+    """The output reports ``prop`` failing in ``dtype``: on its own, or taken down by a
+    root cause shared with other properties."""
+    if f"FAILED {prop} ({dtype})" in output:
+        return True
+    return any(re.search(rf"ROOT CAUSE C\d+ took down \d+ propert\w+ \(.*\b{re.escape(prop)}\b.*\) in .*{dtype}", line)
+               for line in output.splitlines())
+
+
 def reproduce_lines(output: str) -> list[str]:
     return [line.strip() for line in output.splitlines() if line.strip().startswith("reproduce:")]
 
@@ -205,7 +219,7 @@ def test_float32_only_target_passes_in_float32(tmp_path, dtypes):
 def test_sign_flipped_target_fails(tmp_path):
     result = check(target(tmp_path, "sign_flipped"), "--layout", "half", *FP32, *FAST)
     assert result.exit_code == 1, result.output
-    assert "FAILED reference (float32)" in result.output
+    assert failed(result.output, "reference", "float32"), result.output
     assert "outside the bound" in result.output
     assert result.output.rstrip().endswith("FAILED")
 
@@ -236,7 +250,7 @@ def test_failure_report_names_property_counterexample_and_reproduce(tmp_path):
     spec = target(tmp_path, "sign_flipped")
     result = check(spec, "--layout", "half", *FP32, *FAST, "--seed", "123")
     assert result.exit_code == 1, result.output
-    assert "FAILED reference (float32)" in result.output
+    assert failed(result.output, "reference", "float32"), result.output
     assert "minimal counterexample:" in result.output
     lines = reproduce_lines(result.output)
     assert lines, result.output
@@ -384,11 +398,13 @@ def test_json_report(tmp_path):
     report = json.loads(path.read_text())
     assert report["target"] == spec
     assert report["verdict"] == "passed"
-    assert len(report["results"]) == 13
+    assert len(report["results"]) == ROWS
+    assert report["schema_version"] == 2 and report["exit_status"] == 0
     for r in report["results"]:
-        assert {"property", "dtype", "status", "max_error"} <= set(r)
+        assert {"property", "dtype", "status", "max_error", "notes", "cause"} <= set(r)
         assert r["dtype"] == "float32" and r["status"] == "passed"
-        assert isinstance(r["max_error"], float) and r["max_error"] <= 1.0
+        if r["property"] != "position-range":  # a probe: no error to measure
+            assert isinstance(r["max_error"], float) and r["max_error"] <= 1.0
 
 
 def test_json_report_of_a_failing_target(tmp_path):
@@ -410,7 +426,7 @@ def test_junit_report_of_a_failing_target(tmp_path):
     assert result.exit_code == 1, result.output
     suite = ET.parse(path).getroot()
     cases = suite.findall(".//testcase")
-    assert len(cases) == 13
+    assert len(cases) == ROWS
     failed = {case.get("name") for case in cases if case.find("failure") is not None}
     assert "reference[float32]" in failed
     assert int(suite.get("failures")) == len(failed)
@@ -421,7 +437,7 @@ def test_junit_report_of_a_passing_target(tmp_path):
     result = check(*FP32, *FAST, "--junit", str(path))
     assert result.exit_code == 0, result.output
     suite = ET.parse(path).getroot()
-    assert len(suite.findall(".//testcase")) == 13
+    assert len(suite.findall(".//testcase")) == ROWS
     assert suite.findall(".//failure") == [] and suite.findall(".//error") == []
 
 

@@ -1,0 +1,231 @@
+"""One call of a target, in the process that runs it (ropecheck's worker, or ropecheck
+itself with ``--in-process``), recorded as an :class:`Outcome` that can cross a process
+boundary.
+
+What happens around the call is the same in both places:
+- the target gets private copies of its tensor arguments, with their strides and storage
+  offsets (a view stays a view), and of the positions; afterwards the copies are compared
+  with the originals (an input written in place is a contract finding);
+- process-wide torch state (default dtype, grad mode, default device, random generator)
+  is snapshotted before and restored after; a change is recorded, never left in place;
+- an exception (``SystemExit`` included) becomes the outcome's error: the target's
+  failure, not ropecheck's;
+- tensors the target returned earlier are watched: one that changes during a later call
+  is a view of the target's internal buffer;
+- for a vector-Jacobian product, the incoming gradient is a private copy too, and a
+  backward that writes into it is a finding of its own.
+Nothing here judges values against a reference: that is the parent's job.
+"""
+
+from __future__ import annotations
+
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@dataclass
+class Outcome:
+    """What one call did. ``outputs``: a Tensor, a tuple of Tensors (or None), or None with
+    ``returned`` naming what came back instead; ``error``: (kind, message) when the call
+    raised or could not run; ``violations``: (kind, message) contract breaches noticed
+    around an otherwise finished call; ``state_changes``: process-wide state the target
+    changed (already restored)."""
+
+    outputs: Any = None
+    returned: str = ""
+    error: Optional[tuple] = None
+    violations: list = field(default_factory=list)
+    state_changes: list = field(default_factory=list)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """'Type: message (at file:line)', the line being the innermost frame of the traceback."""
+    return f"{type(exc).__name__}: {exc}{_where(exc)}"
+
+
+def strided_copy(x: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor laid out exactly as x: a copy of x's whole storage viewed with x's
+    sizes, strides and storage offset (clone() would compact a view and drop the offset)."""
+    out = torch.empty(0, dtype=x.dtype, device=x.device)
+    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
+
+
+def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
+    changed = torch.nonzero(before != after)
+    if len(changed) == 0:  # equal values, unequal bits (NaN, -0.0): name no index
+        return "its bits changed"
+    return f"{len(changed)} elements changed, first at {tuple(changed[0].tolist())}"
+
+
+# --- process-wide state ---------------------------------------------------------------
+
+def _default_device() -> str:
+    getter = getattr(torch, "get_default_device", None)
+    return str(getter()) if getter else "cpu"
+
+
+_STATE = {
+    # name: (read, restore, how a target changes it)
+    "default dtype": (torch.get_default_dtype, torch.set_default_dtype, "torch.set_default_dtype"),
+    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled, "torch.set_grad_enabled"),
+    "default device": (_default_device, lambda d: torch.set_default_device(None if d == "cpu" else d),
+                       "torch.set_default_device"),
+    "random generator state": (torch.random.get_rng_state, torch.random.set_rng_state,
+                               "drawing random numbers or seeding torch's generator"),
+}
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@contextmanager
+def state_guard(changes: list):
+    """Snapshot process-wide torch state; afterwards restore it and append a message to
+    ``changes`` for each part the body left changed."""
+    before = {name: read() for name, (read, _, _) in _STATE.items()}
+    try:
+        yield
+    finally:
+        for name, (read, restore, how) in _STATE.items():
+            now = read()
+            if not _same(now, before[name]):
+                restore(before[name])
+                shown = "" if isinstance(now, torch.Tensor) else f" from {before[name]} to {now}"
+                changes.append(f"the target changed torch's {name}{shown} ({how}) and left it "
+                               "so; ropecheck restored it after the call")
+
+
+# --- the call -------------------------------------------------------------------------
+
+class _Watch:
+    """The tensors returned by the previous call and a snapshot of them."""
+
+    def __init__(self):
+        self.returned: tuple = ()
+        self.snapshot: tuple = ()
+
+    def changed(self) -> Optional[str]:
+        for now, then in zip(self.returned, self.snapshot):
+            if not torch.equal(now, then):
+                return _first_change(then, now)
+        return None
+
+    def keep(self, outputs):
+        tensors = tuple(t for t in (outputs if isinstance(outputs, tuple) else (outputs,))
+                        if isinstance(t, torch.Tensor))
+        self.returned, self.snapshot = tensors, tuple(t.clone() for t in tensors)
+
+
+def _normalise(out) -> tuple[Any, str]:
+    """(outputs, what came back): a Tensor, or a tuple/list of Tensors (None allowed
+    inside), detached; anything else is not sent on (None) and only described."""
+    if isinstance(out, torch.Tensor):
+        return out.detach(), "a Tensor"
+    if isinstance(out, (tuple, list)):
+        kinds = ", ".join(dict.fromkeys(type(o).__name__ for o in out))
+        what = f"a {type(out).__name__} of {len(out)} ({kinds})"
+        if all(o is None or isinstance(o, torch.Tensor) for o in out):
+            return tuple(None if o is None else o.detach() for o in out), what
+        return None, what
+    return None, type(out).__name__
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _raised(exc: BaseException) -> tuple:
+    if isinstance(exc, SystemExit):
+        return ("exited", f"the target called sys.exit({exc.code!r}){_where(exc)}")
+    return ("raised", f"the target raised {describe_exception(exc)}")
+
+
+class Execution:
+    """Runs calls of ``fn`` (any callable taking tensors then positions) in this process."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.watch = _Watch()
+
+    def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output):
+        if not torch.equal(pos, positions):
+            outcome.violations.append(("mutated", "the target modified its positions argument"))
+        names = ("x",) if len(originals) == 1 else ("q", "k", "v")[:len(originals)]
+        for index, (name, original, copy) in enumerate(zip(names, originals, copies)):
+            if original is None:
+                continue
+            if inplace and index == 0:
+                if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
+                    outcome.violations.append(("inplace", "declared in-place, but the input does "
+                                                          "not hold the output"))
+            elif not torch.equal(copy, original):
+                outcome.violations.append(("mutated", f"the target modified its input {name} in place "
+                                                      f"({_first_change(original, copy)})"))
+
+    def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False) -> Outcome:
+        """y = fn(*args, positions) on private copies."""
+        outcome = Outcome()
+        copies = tuple(None if a is None else strided_copy(a) for a in args)
+        pos = positions.clone()
+        with state_guard(outcome.state_changes):
+            try:
+                out = self.fn(*copies, pos)
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+        aliased = self.watch.changed()
+        if aliased:
+            outcome.violations.append(("aliased", f"a tensor returned by the previous call changed "
+                                                  f"during this call ({aliased}): it is a view of "
+                                                  "the target's internal buffer"))
+        outcome.outputs, outcome.returned = _normalise(out)
+        self.watch.keep(outcome.outputs)
+        self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
+        return outcome
+
+    def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False) -> Outcome:
+        """(y, g): y = fn(x, positions) and g = (dy/dx)^T grad through the target's autograd,
+        the incoming gradient a private copy (``args`` and ``grads`` hold one tensor each)."""
+        (x,), (grad,) = args, grads
+        outcome = Outcome()
+        leaf = strided_copy(x.detach()).requires_grad_(True)
+        arg = leaf.clone() if inplace else leaf
+        private = strided_copy(grad)
+        with state_guard(outcome.state_changes):
+            torch.set_grad_enabled(True)
+            try:
+                y = self.fn(arg, positions.clone())
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+            grad_mode_left_off = not torch.is_grad_enabled()
+            torch.set_grad_enabled(True)
+            y_out, outcome.returned = _normalise(y)
+            if not isinstance(y, torch.Tensor):
+                outcome.outputs = None
+                return outcome
+            if not y.requires_grad:
+                why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
+                       "left it off, so its output does not require grad" if grad_mode_left_off else
+                       "the output does not require grad: autograd does not flow through the "
+                       "target (declare --no-backward)")
+                outcome.error = ("backward", why)
+                return outcome
+            try:
+                (g,) = torch.autograd.grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype
+                                           else private, allow_unused=True)
+            except (Exception, SystemExit) as exc:
+                outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
+                return outcome
+        if not torch.equal(private, grad):
+            outcome.violations.append(("grad-output", f"backward wrote into grad_output "
+                                                      f"({_first_change(grad, private)}): the "
+                                                      "incoming gradient belongs to the caller"))
+        outcome.outputs = (y_out, None if g is None else g.detach())
+        return outcome
