@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from properties.accuracy import accuracy_sweep
 from properties.assertions import CheckFailure
 from properties.checks import PROPERTIES, Context, Property
+from properties.diagnosis import likely_cause
 from properties.strategies import FREE_HEAD_DIMS, critical_cases
 from ropecheck.calling import CallError, TargetHung
 
@@ -247,6 +248,8 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     result.examples = seen.count
     if prop.name == "reference":
         _sweep(result, ctx, reproduce_hint)
+        if result.status == "failed":
+            result.diagnosis = _likely_cause(ctx)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -264,6 +267,15 @@ def _sweep(result: Result, ctx: Context, reproduce_hint: str) -> None:
                           f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)")
         result.reproduce = reproduce_hint
         result.signature = f"input: accuracy sweep {result.message}"
+
+
+def _likely_cause(ctx: Context) -> str:
+    """The usual suspect that explains a reference failure ('' when none fits)."""
+    try:
+        cause = likely_cause(ctx)
+    except Exception:  # a diagnosis is a help, never a new failure
+        return ""
+    return (cause or "").removeprefix("likely cause: ")
 
 
 def _describe(case, extras) -> str:
