@@ -3,14 +3,39 @@
 # kernel and the Triton adapters run under the Triton interpreter on CPU), and the
 # third-party RoPE libraries its adapters check. Every pip command pins torch==2.13.0:
 # unpinned, a dependency pulls the multi-GB CUDA build.
+#
+# Prints one line per step; pip's own output goes to out/install.log, whose last lines
+# are shown when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-pip=".venv/bin/pip install --quiet"
-.venv/bin/pip install --quiet --upgrade pip
-$pip torch==2.13.0 -e '.[libraries]'
+mkdir -p out
+log=out/install.log
+: >"$log"
+
+step() {  # step DESCRIPTION COMMAND...: run COMMAND with its output in the log
+    local what=$1 start=$SECONDS
+    shift
+    printf 'ropecheck install: %s ... ' "$what"
+    if "$@" >>"$log" 2>&1; then
+        echo "done ($((SECONDS - start)) s)"
+    else
+        echo "FAILED"
+        echo "---- last 40 lines of $log ----"
+        tail -n 40 "$log"
+        echo "---- the whole log: $log ----"
+        exit 1
+    fi
+}
+
+pip=(.venv/bin/pip install --disable-pip-version-check)
+step "virtual environment .venv" python3 -m venv .venv
+step "pip" "${pip[@]}" --upgrade pip
+step "ropecheck, torch 2.13.0 (CPU), triton and the RoPE libraries" \
+    "${pip[@]}" torch==2.13.0 -e '.[libraries]'
 # timm: `import timm` needs a torchvision that matches torch; its sincos module loads alone
-$pip --no-deps timm==1.0.31
+step "timm (its RoPE modules only)" "${pip[@]}" --no-deps timm==1.0.31
 # flash-attn: only its Triton rotary file is used; skip building the CUDA extension
-FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
-    $pip --no-build-isolation --no-deps flash-attn==2.8.3.post2
+step "flash-attn (its Triton rotary only, no CUDA build)" \
+    env FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
+    "${pip[@]}" --no-build-isolation --no-deps flash-attn==2.8.3.post2
+echo "ropecheck install: ready: .venv/bin/ropecheck (the full log is $log)"

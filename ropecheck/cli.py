@@ -64,10 +64,11 @@ class RecordedCommand(click.Command):
     record the user asked for."""
 
     def parse_args(self, ctx, args):
+        raw = list(args)  # click's parser consumes the list
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            Records.from_args(args).unusable(f"usage error: {exc.format_message()}")
+            Records.from_args(raw).unusable(f"usage error: {exc.format_message()}")
             raise
 
 

@@ -105,10 +105,14 @@ def serve(fd: int, crash_log: str) -> None:
 
     def reply(message):
         try:
-            conn.send_bytes(dumps(message))
-        except Exception as exc:  # an output that cannot be sent back
-            conn.send_bytes(dumps(("error", f"the target's result cannot be sent back to "
-                                            f"ropecheck: {describe_exception(exc)}")))
+            try:
+                data = dumps(message)
+            except Exception as exc:  # an output that cannot be sent back
+                data = dumps(("error", f"the target's result cannot be sent back to "
+                                       f"ropecheck: {describe_exception(exc)}"))
+            conn.send_bytes(data)
+        except OSError:  # ropecheck is gone, or no longer wants this worker
+            os._exit(0)
 
     while True:
         try:

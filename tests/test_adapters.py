@@ -76,3 +76,39 @@ def test_liger_writes_its_result_into_q():
     cos, sin = _hf_cos_sin(torch.arange(3)[None], 8, q.dtype)
     out, _ = LigerRopeFunction.apply(q, torch.zeros(1, 1, 3, 8), cos, sin)
     assert not torch.equal(q, before) and torch.equal(q, out)
+
+
+def test_liger_one_token_row_stride():
+    """Finding (README): for one token, liger's rope steps between batch rows with the
+    stride of the size-1 sequence dimension, which a contiguous q need not make
+    heads * head_dim: a cloned one-token slice of a (batch, heads, seq, dim) tensor gets
+    batch row 1 wrong; the same values with the usual strides are right."""
+    if ADAPTERS["liger-kernel"].why_unavailable():
+        pytest.skip("liger-kernel is not installed")
+    import torch
+
+    from ropecheck.adapters.triton_kernels import _hf_cos_sin, _triton_ready
+    _triton_ready()
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    q = torch.randn(2, 2, 2, 8, generator=torch.Generator().manual_seed(0))[:, :, 1:2].clone()
+    usual = torch.empty_strided(q.shape, (16, 8, 16, 1)).copy_(q)  # q_proj(h).view(..).transpose(1, 2)
+    assert q.is_contiguous() and q.stride() == (16, 8, 8, 1)
+    cos, sin = _hf_cos_sin(torch.tensor([[5], [5]]), 8, torch.float32)
+    odd, _ = LigerRopeFunction.apply(q.clone(), torch.zeros(2, 1, 1, 8), cos, sin)
+    right, _ = LigerRopeFunction.apply(usual.clone(), torch.zeros(2, 1, 1, 8), cos, sin)
+    assert torch.allclose(odd[0], right[0]) and not torch.allclose(odd[1], right[1])
+
+
+def test_liger_backward_writes_into_grad_output():
+    """Finding (README): LigerRopeFunction.backward returns dq in the memory of the incoming
+    gradient; the values are R_m^T g."""
+    if ADAPTERS["liger-kernel"].why_unavailable():
+        pytest.skip("liger-kernel is not installed")
+    import torch
+
+    from ropecheck.execution import Execution
+    result = Execution(load("liger-kernel").fn).vjp(
+        (torch.randn(1, 1, 1, 8),), torch.tensor([[1]]), (torch.randn(1, 1, 1, 8),))
+    assert [kind for kind, _ in result.violations] == ["grad-output"]
+    assert result.error is None and result.outputs[1] is not None
