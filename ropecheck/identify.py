@@ -11,8 +11,11 @@ three integer vectors for the linearity test, and a *large* one at 0, 1, 2, 4, .
 What is read from the matrices, in order (each step refuses the target with its reason):
 
 1. f(0, m) = 0 (else the encoding is additive), f(v, m) = M_m v (linear);
-2. column norms constant in m (else it scales with the position, like xPos), columns
-   orthogonal, M_0 = diag(a_j) (position 0 is the identity up to an amplitude);
+2. column norms constant in m, columns orthogonal, M_0 = diag(a_j) (position 0 is the
+   identity up to an amplitude). When norms change, how they change is measured: xPos-like
+   only when log|f(e_j, m)| is a line in m within rounding while its slope is not
+   (``_norm_trend``); else the change is reported as it is (size, residuals of that line,
+   entries that all are numbers of a coarser dtype, e.g. cos/sin stored in bfloat16);
 3. the coupled features: the connected components of {(i, j): |M_m[i, j]| above noise
    for some m}; each must be one feature (pass-through) or a pair (a 2x2 rotation);
 4. each pair's 2x2 block is a * R(phi_m); its angle phi_m is unwrapped over the doubling
@@ -73,12 +76,12 @@ import numpy as np
 import torch
 
 from ropecheck.calling import DEFAULT_TIMEOUT, Caller, CallError, TargetHung
-from ropecheck.dtypes import torch_dtype
+from ropecheck.dtypes import UNIT_ROUNDOFF, torch_dtype
 from ropecheck.identify_scaling import (Measured, Segments, base_candidates, best_segments,
-                                        fit_segments, linear_candidate, match, number)
+                                        fit_segments, linear_candidate, match, number, wls)
 from ropecheck.loading import TargetLoadError, load
 from ropecheck.target import Target
-from ropecheck.tolerance import K_OPS, ErrorModel
+from ropecheck.tolerance import K_OPS, U32, ErrorModel
 
 SMALL_POSITIONS = (0, 1, 2, 3) + tuple(2**k for k in range(2, 11))
 LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)
@@ -303,15 +306,76 @@ def _check_linear(ident, small: Probe, bounds: _Bounds):
             f"{worst:.3g} times the rounding bound)")
 
 
+def _norm_trend(norms, positions, dtype: str) -> str:
+    """How the column norms change with m, in words (called once they do change).
+
+    xPos scales pair i by zeta_i^((m - c)/s): log|f(e_j, m)| is then a line in m. Each log
+    norm is off by at most ln(1 + nb(n)/n) (nb the norm bound at that norm) plus what a float32
+    power costs (``properties.xpos_checks``: the scale rounded, its product, XPOS_OPS u; pow and
+    a reciprocal, SCALE_POW_CONST u32; the exponent rounded, u32 |p ln zeta| <= u32 times the
+    column's largest log-norm change); rounding zeta itself and the centre c only move the
+    line. A weighted line per column (``identify_scaling.wls``) is xPos-like when every
+    residual is within its bound while some slope is not within its own."""
+    from properties.xpos_checks import SCALE_POW_CONST, XPOS_OPS  # only on this path: it is heavy
+
+    model = ErrorModel(dtype)
+    m = np.asarray(positions, dtype=np.float64)
+    worst, slopes, trend, fitted = 0.0, [], False, 0
+    for n in norms.T:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            relative = model.norm_bound(n) / n
+        ok = np.isfinite(n) & (n > 0) & (relative < 0.5)
+        if ok.sum() < 3:
+            continue
+        y = np.log(n[ok])
+        sigma = (-np.log1p(-relative[ok]) + XPOS_OPS * model.unit
+                 + U32 * (SCALE_POW_CONST + np.abs(y - y[0]).max()))
+        beta, d_beta, ratio, _ = wls(np.stack([np.ones(ok.sum()), m[ok]], axis=1), y, sigma)
+        fitted += 1
+        worst = max(worst, ratio)
+        trend |= abs(beta[1]) > d_beta[1]
+        slopes.append(beta[1])
+    if not fitted:
+        return "too few finite norms to tell how they change"
+    if worst > 1.0:
+        return (f"not as a power of the position: a line fitted to log|f(e_j, m)| against m "
+                f"leaves residuals {worst:.3g} times their rounding bound (a scale zeta^(m/s) "
+                f"would leave them within it)")
+    if not trend:
+        return ("with no measurable trend in m (log|f(e_j, m)| is a line in m within rounding, "
+                "its slope within its bound)")
+    per = np.exp(np.array(slopes))
+    return (f"as a power of the position: log|f(e_j, m)| is a line in m (residuals within "
+            f"{worst:.2g} of their rounding bound), the norms scale by {per.min():.6g} .. "
+            f"{per.max():.6g} per unit of position, as zeta^(m/s) (xPos-like)")
+
+
+def _coarse_entries(matrices, dtype: str) -> str:
+    """Words when every entry of M_m is a number of a coarser dtype than the probe's."""
+    values = torch.from_numpy(np.ascontiguousarray(matrices))
+    for coarse in ("bfloat16", "float16"):
+        if UNIT_ROUNDOFF[coarse] > UNIT_ROUNDOFF[dtype] and torch.equal(
+                values.to(torch_dtype(coarse)).to(torch.float64), values):
+            return (f"; every entry of M_m is a {coarse} number although the probe is {dtype}: "
+                    f"cos/sin (or the output) rounded to {coarse}?")
+    return ""
+
+
 def _check_norms(ident, matrices, positions, bounds: _Bounds, where: str):
     norms = np.linalg.norm(matrices, axis=1)  # (P, d) column norms
     change = np.abs(norms - norms[:1])
     p, j = np.unravel_index(change.argmax(), change.shape)
+    if change.max() > 2 * bounds.norm:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            percent = 100 * float(np.nan_to_num(np.abs(norms / norms[:1] - 1.0), posinf=np.inf).max())
+        failure = (f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at "
+                   f"m = {positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): column norms change "
+                   f"by up to {percent:.2g} %, {_norm_trend(norms, positions, ident.dtype)}"
+                   f"{_coarse_entries(matrices, ident.dtype)}; norms are not preserved")
+    else:
+        failure = ""
     _record(ident, f"norms{where}", change.max(), 2 * bounds.norm,
-            f"column norms constant in m to {change.max():.3g}",
-            f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at m = "
-            f"{positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): the map scales with the "
-            f"position (xPos-like), norms are not preserved")
+            f"column norms constant in m to {change.max():.3g}", failure)
     gram = np.einsum("pki,pkj->pij", matrices, matrices)
     off = np.abs(gram - np.einsum("pi,ij->pij", np.einsum("pii->pi", gram), np.eye(gram.shape[1])))
     _record(ident, f"orthogonality{where}", off.max(), 2 * bounds.a * bounds.norm + bounds.norm**2,

@@ -438,6 +438,53 @@ def test_not_rotary_refused(name):
     assert ident.flags == ""
 
 
+def _bf16_cos_sin(x, positions):
+    """A correct float32 angle, but cos and sin stored in bfloat16 (for a float32/64 input)."""
+    r = x.shape[-1]
+    phi = positions.to(torch.float32)[..., None] * _theta(r)
+    cos = phi.cos().to(torch.bfloat16).float()[:, :, None, :]
+    sin = phi.sin().to(torch.bfloat16).float()[:, :, None, :]
+    a, b = x.float()[..., : r // 2], x.float()[..., r // 2:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), -1).to(x.dtype)
+
+
+def _angle_mismatch(x, positions):
+    """cos from m theta, sin from m theta' with theta' = theta rounded to bfloat16 (two
+    caches built differently): each pair's block is c R, but c^2 + s^2 != 1."""
+    r = x.shape[-1]
+    theta = _theta(r)
+    m = positions.to(torch.float32)[..., None]
+    cos = (m * theta).cos()[:, :, None, :]
+    sin = (m * theta.to(torch.bfloat16).float()).sin()[:, :, None, :]
+    a, b = x.float()[..., : r // 2], x.float()[..., r // 2:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), -1).to(x.dtype)
+
+
+@pytest.mark.parametrize("fn, dtypes, words", [
+    (_bf16_cos_sin, ("float64",), ["every entry of M_m is a bfloat16 number"]),
+    (_bf16_cos_sin, ("float32",), ["every entry of M_m is a bfloat16 number"]),
+    (_angle_mismatch, ("float64", "float32"), []),
+])
+def test_norm_changes_not_called_xpos(fn, dtypes, words):
+    """Norms that change without following the position are measured and said so; only a
+    norm that is a power of the position (log-norm linear in m) is called xPos-like."""
+    ident = _run(fn, dtypes=dtypes)
+    message = " ".join(ident.reasons)
+    assert not ident.rotary and "changes with the position" in message, message
+    assert "xPos" not in message, message
+    assert "not as a power of the position" in message and "residuals" in message, message
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("dtypes", [("float64",), ("float32",)])
+def test_xpos_named_xpos_like(dtypes):
+    ident = _run(_xpos, dtypes=dtypes)
+    message = " ".join(ident.reasons)
+    assert not ident.rotary and "(xPos-like)" in message, message
+    assert "as a power of the position" in message and "not as a power" not in message
+
+
 def test_round_within_picks_fewest_digits():
     assert round_within(10000.0 * (1 + 3e-6), 1e-5) == 10000.0
     assert round_within(499998.0, 1e-5) == 500000.0
