@@ -6,7 +6,9 @@ Output head j at position m is column j of the matrix M_m of the map x -> f(x, m
 calls are made: a *small* one at positions 0, 1, 2, 3, 4, 8, ..., 2^10 (below the
 max_position_embeddings of every dynamic scheme), which also carries the zero vector and
 three integer vectors for the linearity test, and a *large* one at 0, 1, 2, 4, ..., 2^20
-(retried up to 2^16, then 2^12, when the target refuses large positions).
+(retried up to 2^16, then 2^12, when the target refuses large positions). No probe uses a
+position above ``max_position`` (``--max-position``, default 2^24) or the target's declared
+``max_position``: each of those tops is capped at it.
 
 What is read from the matrices, in order (each step refuses the target with its reason):
 
@@ -84,7 +86,8 @@ from ropecheck.target import Target
 from ropecheck.tolerance import K_OPS, U32, ErrorModel
 
 SMALL_POSITIONS = (0, 1, 2, 3) + tuple(2**k for k in range(2, 11))
-LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)
+LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)  # each capped at the largest position allowed
+DEFAULT_MAX_POSITION = 2**24
 EXTRA_HEAD_DIMS = (256, 128)  # where a per-frequency scaling is measured too (with check's)
 PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 PROBE_HEAD_DIMS = (64, 128, 32, 16, 8, 80, 256)
@@ -240,15 +243,29 @@ def _choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
                          f"dtype/head_dim combinations)")
 
 
-def _probe_large(caller, dtype, head_dim, notes) -> Optional[Probe]:
+def _large_positions(limit: int, small_top: int) -> list[tuple]:
+    """The large probe's position sets, largest first: 0, 1, 2, 4, ... up to each of
+    LARGE_MAX_POSITIONS capped at ``limit``; only those reaching past the small probe."""
+    out = []
     for top in LARGE_MAX_POSITIONS:
+        top = min(top, limit)
         positions = (0, 1) + tuple(2**k for k in range(1, top.bit_length()))
+        if positions[-1] > small_top and positions not in out:
+            out.append(positions)
+    return out
+
+
+def _probe_large(caller, dtype, head_dim, notes, limit: int, small_top: int) -> Optional[Probe]:
+    ladder = _large_positions(limit, small_top)
+    if not ladder:
+        notes.append(f"large positions: not probed (the largest position allowed is {limit})")
+    for positions in ladder:
         try:
             return _probe(caller, dtype, head_dim, positions)
         except CallError as exc:
-            notes.append(f"large positions: positions up to {top} failed ({exc})")
+            notes.append(f"large positions: positions up to {positions[-1]} failed ({exc})")
         except TargetHung as exc:
-            notes.append(f"large positions: positions up to {top} hung ({exc})")
+            notes.append(f"large positions: positions up to {positions[-1]} hung ({exc})")
             return None
     return None
 
@@ -527,26 +544,34 @@ def _structure(ident, small, large, bounds):
     return pairs, single
 
 
-def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Identification:
+def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT,
+             max_position: int = DEFAULT_MAX_POSITION) -> Identification:
     """Probe ``target`` and infer its convention. Raises UnusableTarget when it cannot be
-    called; a map that is not a rotary embedding gives ``rotary=False`` with reasons."""
+    called; a map that is not a rotary embedding gives ``rotary=False`` with reasons. No
+    probe uses a position above ``max_position`` (nor above the target's declared
+    ``max_position``)."""
+    if max_position < 1:
+        raise ValueError(f"max_position must be >= 1, got {max_position}")
+    limit = min(max_position, target.max_position) if target.max_position is not None else max_position
+    limit = max(limit, 1)
     ident = Identification(target=target.name)
     caller = Caller(target, timeout)
+    small_positions = tuple(p for p in SMALL_POSITIONS if p <= limit)
     try:
         ident.dtype, ident.head_dim = _choose_probe(caller, target)
-        small = _probe(caller, ident.dtype, ident.head_dim, SMALL_POSITIONS,
+        small = _probe(caller, ident.dtype, ident.head_dim, small_positions,
                        _linearity_vectors(ident.head_dim))
     except NotRotary as exc:
         ident.reasons.append(str(exc))
         return ident
     except CallError as exc:
         ident.reasons.append(f"the call contract is broken at positions up to "
-                             f"{SMALL_POSITIONS[-1]}: {exc}")
+                             f"{small_positions[-1]}: {exc}")
         return ident
     except TargetHung as exc:
         raise UnusableTarget(str(exc)) from None
     try:
-        _infer(ident, small, caller)
+        _infer(ident, small, caller, limit)
         ident.rotary = True
     except NotRotary as exc:
         ident.reasons.append(str(exc))
@@ -558,13 +583,14 @@ def _span(probe: Probe) -> str:
     return f" (m <= 2^{int(probe.positions.max()).bit_length() - 1})"
 
 
-def _infer(ident: Identification, small: Probe, caller: Caller):
+def _infer(ident: Identification, small: Probe, caller: Caller, limit: int):
     amplitude = float(np.linalg.norm(small.matrices, axis=1).max())
     bounds = _Bounds(ident.dtype, amplitude)
     _check_linear(ident, small, bounds)
     _check_norms(ident, small.matrices, small.positions, bounds, _span(small))
     _check_identity_at_zero(ident, small.matrices[0], bounds)
-    large = _probe_large(caller, ident.dtype, ident.head_dim, ident.notes)
+    large = _probe_large(caller, ident.dtype, ident.head_dim, ident.notes, limit,
+                         int(small.positions.max()))
     if large is not None:
         _check_norms(ident, large.matrices, large.positions, bounds, _span(large))
     pairs, single = _structure(ident, small, large, bounds)
@@ -842,10 +868,11 @@ def _confidence(ident: Identification) -> str:
     return "high" if pinned and ident.worst_ratio <= 1.0 else "medium"
 
 
-def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Identification:
+def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT,
+                  max_position: int = DEFAULT_MAX_POSITION) -> Identification:
     """Load ``spec`` (file.py:func, module:attr or a built-in name) and identify it."""
     try:
         target = load(spec)
     except TargetLoadError as exc:
         raise UnusableTarget(str(exc)) from None
-    return identify(target, timeout)
+    return identify(target, timeout, max_position)

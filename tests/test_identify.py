@@ -375,6 +375,39 @@ def test_unnamed_per_frequency_scaling_has_no_flag():
     assert any("no named scaling" in n for n in ident.notes), ident.notes
 
 
+def test_max_position_respected():
+    """A cos/sin table of 4097 positions (IndexError past it): with max_position 4096 no
+    probe goes past 4096 and nothing fails; without it the large probe falls back."""
+    seen = []
+    table = _torchtitan_style(10000.0, 1.0, 1.0, 4.0, 8192, table=4097)
+
+    def rope(x, positions):
+        seen.append(int(positions.max()))
+        return table(x, positions)
+
+    ident = identify(Target("table", rope), timeout=20, max_position=4096)
+    assert ident.rotary and (ident.layout, ident.base) == ("interleaved", 10000.0), ident.reasons
+    assert max(seen) == 4096 and ident.max_position == 4096
+    assert not any("failed" in note for note in ident.notes), ident.notes
+    seen.clear()
+    ident = identify(Target("table", rope), timeout=20)
+    assert max(seen) == 2**20 and ident.max_position == 4096
+    assert any("positions up to 1048576 failed" in note and "IndexError" in note for note in ident.notes)
+
+
+def test_max_position_below_small_probe():
+    seen = []
+
+    def rope(x, positions):
+        seen.append(int(positions.max()))
+        return make_rope("half")(x, positions)
+
+    ident = identify(Target("small", rope), timeout=20, max_position=100)
+    assert ident.rotary and (ident.layout, ident.base) == ("half", 10000.0)
+    assert max(seen) <= 100 and ident.max_position == 64
+    assert any("not probed" in note for note in ident.notes)
+
+
 # --- maps that are not rotary embeddings -------------------------------------------------
 
 def _sinusoidal(x, positions):
@@ -553,6 +586,30 @@ def test_cli_unusable_target_exits_2(tmp_path, source, spec_suffix, words):
     for word in words:
         assert word in result.output, result.output
     assert "Traceback" not in result.output
+
+
+TABLE_4097 = textwrap.dedent('''
+    import torch
+
+    def rope(x, positions):
+        if int(positions.max()) > 4096:
+            raise IndexError("index out of range: the cos/sin table has 4097 positions")
+        r = x.shape[-1]
+        theta = 1.0 / 10000.0 ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+        phi = positions.float()[..., None, None] * theta
+        a, b = x.float()[..., : r // 2], x.float()[..., r // 2:]
+        out = torch.cat((a * phi.cos() - b * phi.sin(), a * phi.sin() + b * phi.cos()), -1)
+        return out.to(x.dtype)
+''')
+
+
+def test_cli_max_position(tmp_path):
+    result = _cli(tmp_path, TABLE_4097, "--max-position", "4096")
+    assert result.exit_code == 0, result.output
+    assert "positions up to 4096" in result.output and "failed" not in result.output
+    assert "flags: --layout half --base 10000" in result.output
+    result = _cli(tmp_path, TABLE_4097)
+    assert result.exit_code == 0 and "positions up to 1048576 failed" in result.output
 
 
 def test_cli_names_scaling_as_check_flag(tmp_path):
