@@ -6,13 +6,18 @@ Output head j at position m is column j of the matrix M_m of the map x -> f(x, m
 calls are made: a *small* one at positions 0, 1, 2, 3, 4, 8, ..., 2^10 (below the
 max_position_embeddings of every dynamic scheme), which also carries the zero vector and
 three integer vectors for the linearity test, and a *large* one at 0, 1, 2, 4, ..., 2^20
-(retried up to 2^16, then 2^12, when the target refuses large positions).
+(retried up to 2^16, then 2^12, when the target refuses large positions). No probe uses a
+position above ``max_position`` (``--max-position``, default 2^24) or the target's declared
+``max_position``: each of those tops is capped at it.
 
 What is read from the matrices, in order (each step refuses the target with its reason):
 
 1. f(0, m) = 0 (else the encoding is additive), f(v, m) = M_m v (linear);
-2. column norms constant in m (else it scales with the position, like xPos), columns
-   orthogonal, M_0 = diag(a_j) (position 0 is the identity up to an amplitude);
+2. column norms constant in m, columns orthogonal, M_0 = diag(a_j) (position 0 is the
+   identity up to an amplitude). When norms change, how they change is measured: xPos-like
+   only when log|f(e_j, m)| is a line in m within rounding while its slope is not
+   (``_norm_trend``); else the change is reported as it is (size, residuals of that line,
+   entries that all are numbers of a coarser dtype, e.g. cos/sin stored in bfloat16);
 3. the coupled features: the connected components of {(i, j): |M_m[i, j]| above noise
    for some m}; each must be one feature (pass-through) or a pair (a 2x2 rotation);
 4. each pair's 2x2 block is a * R(phi_m); its angle phi_m is unwrapped over the doubling
@@ -21,7 +26,16 @@ What is read from the matrices, in order (each step refuses the target with its 
 5. the pairing is matched to the ``half`` / ``interleaved`` layouts (else reported as an
    exact list of pairs), the sign of the angles gives the direction, the frequencies of
    the two calls are compared (different: they depend on the call's positions, dynamic
-   NTK), and log theta_k = -(2k/r) ln(base) - ln(s) is fitted.
+   NTK), and log theta_k = -(2k/r) ln(base) - ln(s) is fitted;
+6. frequencies that are not geometric: they are measured at the other head dims too
+   (EXTRA_HEAD_DIMS and those ``ropecheck check`` draws, when the whole head rotates and the
+   target takes them: YaRN's parameters are pinned only per rotary dim); the base from the
+   geometric unscaled head (and the tail divided by a factor), the published scalings
+   (Llama 3, YaRN) fitted to the rest on the rotary dim with the most pairs and verified at
+   every one (``ropecheck.identify_scaling``). Only verified ``--scaling`` values that
+   ``reference.scaling.parse`` reads are suggested (``linear:factor=s`` for geometric
+   frequencies over s); what no value expresses (an amplitude without YaRN's frequencies,
+   dynamic frequencies) is said in the notes.
 
 Error model (every threshold below comes from it; ``ropecheck.tolerance`` derives it).
 With u the unit roundoff of the compute dtype (the probe dtype, never finer than float32),
@@ -48,13 +62,15 @@ K = K_OPS = 6 and a the largest amplitude seen:
 Every test yields a *ratio*, the largest deviation over its bound (<= 1: what a correct
 float32-angle kernel may do). The confidence is ``high`` when every ratio is <= 1 and the
 base and scale are pinned to better than 1e-3 relative (so the printed digits are
-significant), ``medium`` when the ratios are <= 1 but the parameters are coarser (low
-precision probe dtype, two or fewer frequencies) or the frequencies are not geometric.
+significant) and the frequencies are geometric or a named scaling is verified, ``medium``
+when the ratios are <= 1 but the parameters are coarser (low precision probe dtype, two or
+fewer frequencies) or the frequencies are neither.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -62,13 +78,17 @@ import numpy as np
 import torch
 
 from ropecheck.calling import DEFAULT_TIMEOUT, Caller, CallError, TargetHung
-from ropecheck.dtypes import torch_dtype
+from ropecheck.dtypes import UNIT_ROUNDOFF, torch_dtype
+from ropecheck.identify_scaling import (Measured, Segments, base_candidates, best_segments,
+                                        fit_segments, linear_candidate, match, number, wls)
 from ropecheck.loading import TargetLoadError, load
 from ropecheck.target import Target
-from ropecheck.tolerance import K_OPS, ErrorModel
+from ropecheck.tolerance import K_OPS, U32, ErrorModel
 
 SMALL_POSITIONS = (0, 1, 2, 3) + tuple(2**k for k in range(2, 11))
-LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)
+LARGE_MAX_POSITIONS = (2**20, 2**16, 2**12)  # each capped at the largest position allowed
+DEFAULT_MAX_POSITION = 2**24
+EXTRA_HEAD_DIMS = (256, 128)  # where a per-frequency scaling is measured too (with check's)
 PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 PROBE_HEAD_DIMS = (64, 128, 32, 16, 8, 80, 256)
 UNWRAP_LIMIT = math.pi / 2  # branch choice is safe while the total angle error is below it
@@ -113,6 +133,7 @@ class Identification:
     geometric: bool = False
     base: Optional[float] = None
     base_error: Optional[float] = None  # relative
+    base_pairs: Optional[int] = None  # pairs the base was fitted on
     scale: Optional[float] = None  # linear position scaling s (theta_k = base^(-2k/r) / s)
     scale_error: Optional[float] = None
     amplitude: float = 1.0
@@ -120,7 +141,8 @@ class Identification:
     dynamic: bool = False
     dynamic_theta: list = field(default_factory=list)  # frequencies at the large call's positions
     dynamic_base: Optional[float] = None
-    named_scalings: list = field(default_factory=list)
+    named_scalings: list = field(default_factory=list)  # verified --scaling values, best first
+    scaling_theta: list = field(default_factory=list)  # float64 inv_freq of named_scalings[0]
     notes: list = field(default_factory=list)
     confidence: str = "none"
 
@@ -131,26 +153,22 @@ class Identification:
     @property
     def flags(self) -> str:
         """The ``ropecheck check`` flags that describe the map ('' when none can)."""
-        if not self.rotary or self.layout is None or self.base is None or not self.geometric:
+        if not self.rotary or self.layout is None or self.base is None:
             return ""
-        words = [f"--layout {self.layout}", f"--base {self.base:g}"]
+        if not (self.geometric or self.named_scalings):
+            return ""
+        words = [f"--layout {self.layout}", f"--base {number(self.base)}"]
         if self.rotary_dim is not None and self.rotary_dim < self.head_dim:
             words.append(f"--rotary-dim {self.rotary_dim}")
+        if self.scaling:
+            words.append(self.scaling)
         return " ".join(words)
 
     @property
     def scaling(self) -> str:
-        """A suggested ``--scaling`` line (the check flags for scaling are not there yet)."""
-        parts = []
-        if self.geometric and self.scale is not None and self.scale != 1.0:
-            parts.append(f"linear:{self.scale:g}")
-        if self.rotary and not self.geometric:
-            parts.append(self.named_scalings[0] if self.named_scalings else "per-frequency")
-        if self.dynamic:
-            parts.append("dynamic")
-        if self.rotary and self.scaled_amplitude:
-            parts.append(f"amplitude:{self.amplitude:.6g}")
-        return f"--scaling {','.join(parts)}" if parts else ""
+        """``--scaling VALUE`` for the verified named scaling ('' when there is none): VALUE
+        always parses with reference.scaling.parse; what no value expresses is in the notes."""
+        return f"--scaling {shlex.quote(self.named_scalings[0])}" if self.named_scalings else ""
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -158,10 +176,13 @@ class Identification:
         return out
 
 
-def match_named_scalings(theta, rotary_dim: int) -> list[str]:
-    """Names of the published scalings (YaRN, Llama-3, LongRoPE, ...) whose float64
-    frequencies match ``theta``, as ``--scaling`` values. A hook: no references yet."""
-    return []
+def match_named_scalings(measured: Measured, segments: Segments, measurements: list[Measured]):
+    """The published scalings (Llama 3, YaRN) whose float64 frequencies and attention factor
+    match every measurement (one per rotary dim probed), as verified candidates fitted on
+    ``measured`` (``ropecheck.identify_scaling``), and notes in words on the families that
+    were fitted but did not verify."""
+    return match(measured, segments, measurements,
+                 base_candidates(segments.ln_base, segments.d_ln_base))
 
 
 # --- probing ---------------------------------------------------------------------------
@@ -222,15 +243,29 @@ def _choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
                          f"dtype/head_dim combinations)")
 
 
-def _probe_large(caller, dtype, head_dim, notes) -> Optional[Probe]:
+def _large_positions(limit: int, small_top: int) -> list[tuple]:
+    """The large probe's position sets, largest first: 0, 1, 2, 4, ... up to each of
+    LARGE_MAX_POSITIONS capped at ``limit``; only those reaching past the small probe."""
+    out = []
     for top in LARGE_MAX_POSITIONS:
+        top = min(top, limit)
         positions = (0, 1) + tuple(2**k for k in range(1, top.bit_length()))
+        if positions[-1] > small_top and positions not in out:
+            out.append(positions)
+    return out
+
+
+def _probe_large(caller, dtype, head_dim, notes, limit: int, small_top: int) -> Optional[Probe]:
+    ladder = _large_positions(limit, small_top)
+    if not ladder:
+        notes.append(f"large positions: not probed (the largest position allowed is {limit})")
+    for positions in ladder:
         try:
             return _probe(caller, dtype, head_dim, positions)
         except CallError as exc:
-            notes.append(f"large positions: positions up to {top} failed ({exc})")
+            notes.append(f"large positions: positions up to {positions[-1]} failed ({exc})")
         except TargetHung as exc:
-            notes.append(f"large positions: positions up to {top} hung ({exc})")
+            notes.append(f"large positions: positions up to {positions[-1]} hung ({exc})")
             return None
     return None
 
@@ -288,15 +323,76 @@ def _check_linear(ident, small: Probe, bounds: _Bounds):
             f"{worst:.3g} times the rounding bound)")
 
 
+def _norm_trend(norms, positions, dtype: str) -> str:
+    """How the column norms change with m, in words (called once they do change).
+
+    xPos scales pair i by zeta_i^((m - c)/s): log|f(e_j, m)| is then a line in m. Each log
+    norm is off by at most ln(1 + nb(n)/n) (nb the norm bound at that norm) plus what a float32
+    power costs (``properties.xpos_checks``: the scale rounded, its product, XPOS_OPS u; pow and
+    a reciprocal, SCALE_POW_CONST u32; the exponent rounded, u32 |p ln zeta| <= u32 times the
+    column's largest log-norm change); rounding zeta itself and the centre c only move the
+    line. A weighted line per column (``identify_scaling.wls``) is xPos-like when every
+    residual is within its bound while some slope is not within its own."""
+    from properties.xpos_checks import SCALE_POW_CONST, XPOS_OPS  # only on this path: it is heavy
+
+    model = ErrorModel(dtype)
+    m = np.asarray(positions, dtype=np.float64)
+    worst, slopes, trend, fitted = 0.0, [], False, 0
+    for n in norms.T:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            relative = model.norm_bound(n) / n
+        ok = np.isfinite(n) & (n > 0) & (relative < 0.5)
+        if ok.sum() < 3:
+            continue
+        y = np.log(n[ok])
+        sigma = (-np.log1p(-relative[ok]) + XPOS_OPS * model.unit
+                 + U32 * (SCALE_POW_CONST + np.abs(y - y[0]).max()))
+        beta, d_beta, ratio, _ = wls(np.stack([np.ones(ok.sum()), m[ok]], axis=1), y, sigma)
+        fitted += 1
+        worst = max(worst, ratio)
+        trend |= abs(beta[1]) > d_beta[1]
+        slopes.append(beta[1])
+    if not fitted:
+        return "too few finite norms to tell how they change"
+    if worst > 1.0:
+        return (f"not as a power of the position: a line fitted to log|f(e_j, m)| against m "
+                f"leaves residuals {worst:.3g} times their rounding bound (a scale zeta^(m/s) "
+                f"would leave them within it)")
+    if not trend:
+        return ("with no measurable trend in m (log|f(e_j, m)| is a line in m within rounding, "
+                "its slope within its bound)")
+    per = np.exp(np.array(slopes))
+    return (f"as a power of the position: log|f(e_j, m)| is a line in m (residuals within "
+            f"{worst:.2g} of their rounding bound), the norms scale by {per.min():.6g} .. "
+            f"{per.max():.6g} per unit of position, as zeta^(m/s) (xPos-like)")
+
+
+def _coarse_entries(matrices, dtype: str) -> str:
+    """Words when every entry of M_m is a number of a coarser dtype than the probe's."""
+    values = torch.from_numpy(np.ascontiguousarray(matrices))
+    for coarse in ("bfloat16", "float16"):
+        if UNIT_ROUNDOFF[coarse] > UNIT_ROUNDOFF[dtype] and torch.equal(
+                values.to(torch_dtype(coarse)).to(torch.float64), values):
+            return (f"; every entry of M_m is a {coarse} number although the probe is {dtype}: "
+                    f"cos/sin (or the output) rounded to {coarse}?")
+    return ""
+
+
 def _check_norms(ident, matrices, positions, bounds: _Bounds, where: str):
     norms = np.linalg.norm(matrices, axis=1)  # (P, d) column norms
     change = np.abs(norms - norms[:1])
     p, j = np.unravel_index(change.argmax(), change.shape)
+    if change.max() > 2 * bounds.norm:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            percent = 100 * float(np.nan_to_num(np.abs(norms / norms[:1] - 1.0), posinf=np.inf).max())
+        failure = (f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at "
+                   f"m = {positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): column norms change "
+                   f"by up to {percent:.2g} %, {_norm_trend(norms, positions, ident.dtype)}"
+                   f"{_coarse_entries(matrices, ident.dtype)}; norms are not preserved")
+    else:
+        failure = ""
     _record(ident, f"norms{where}", change.max(), 2 * bounds.norm,
-            f"column norms constant in m to {change.max():.3g}",
-            f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at m = "
-            f"{positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): the map scales with the "
-            f"position (xPos-like), norms are not preserved")
+            f"column norms constant in m to {change.max():.3g}", failure)
     gram = np.einsum("pki,pkj->pij", matrices, matrices)
     off = np.abs(gram - np.einsum("pi,ij->pij", np.einsum("pii->pi", gram), np.eye(gram.shape[1])))
     _record(ident, f"orthogonality{where}", off.max(), 2 * bounds.a * bounds.norm + bounds.norm**2,
@@ -350,7 +446,8 @@ def _pair_blocks(matrices, pairs):
 
 def _unwrap(positions, c, s, bounds: _Bounds):
     """theta per pair from its angles at the doubling positions; returns (theta, error
-    bound of theta, the angle-linearity ratio and where it is worst, largest m used)."""
+    bound of theta, the angle-linearity ratios, the angles, the position each theta was
+    read at)."""
     phi = np.arctan2(s, c)  # (P, n)
     one = int(np.nonzero(positions == 1)[0][0])
     theta = phi[one].copy()
@@ -373,7 +470,7 @@ def _unwrap(positions, c, s, bounds: _Bounds):
     residual = np.abs(np.angle(np.exp(1j * (phi - m * theta))))
     informative = allowed < UNWRAP_LIMIT
     ratios = np.where(informative, residual / allowed, 0.0)
-    return theta, error, ratios, phi, int(used.min())
+    return theta, error, ratios, phi, used
 
 
 def _fit(theta, error, rotary_dim):
@@ -447,26 +544,34 @@ def _structure(ident, small, large, bounds):
     return pairs, single
 
 
-def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Identification:
+def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT,
+             max_position: int = DEFAULT_MAX_POSITION) -> Identification:
     """Probe ``target`` and infer its convention. Raises UnusableTarget when it cannot be
-    called; a map that is not a rotary embedding gives ``rotary=False`` with reasons."""
+    called; a map that is not a rotary embedding gives ``rotary=False`` with reasons. No
+    probe uses a position above ``max_position`` (nor above the target's declared
+    ``max_position``)."""
+    if max_position < 1:
+        raise ValueError(f"max_position must be >= 1, got {max_position}")
+    limit = min(max_position, target.max_position) if target.max_position is not None else max_position
+    limit = max(limit, 1)
     ident = Identification(target=target.name)
     caller = Caller(target, timeout)
+    small_positions = tuple(p for p in SMALL_POSITIONS if p <= limit)
     try:
         ident.dtype, ident.head_dim = _choose_probe(caller, target)
-        small = _probe(caller, ident.dtype, ident.head_dim, SMALL_POSITIONS,
+        small = _probe(caller, ident.dtype, ident.head_dim, small_positions,
                        _linearity_vectors(ident.head_dim))
     except NotRotary as exc:
         ident.reasons.append(str(exc))
         return ident
     except CallError as exc:
         ident.reasons.append(f"the call contract is broken at positions up to "
-                             f"{SMALL_POSITIONS[-1]}: {exc}")
+                             f"{small_positions[-1]}: {exc}")
         return ident
     except TargetHung as exc:
         raise UnusableTarget(str(exc)) from None
     try:
-        _infer(ident, small, caller)
+        _infer(ident, small, caller, limit)
         ident.rotary = True
     except NotRotary as exc:
         ident.reasons.append(str(exc))
@@ -478,13 +583,14 @@ def _span(probe: Probe) -> str:
     return f" (m <= 2^{int(probe.positions.max()).bit_length() - 1})"
 
 
-def _infer(ident: Identification, small: Probe, caller: Caller):
+def _infer(ident: Identification, small: Probe, caller: Caller, limit: int):
     amplitude = float(np.linalg.norm(small.matrices, axis=1).max())
     bounds = _Bounds(ident.dtype, amplitude)
     _check_linear(ident, small, bounds)
     _check_norms(ident, small.matrices, small.positions, bounds, _span(small))
     _check_identity_at_zero(ident, small.matrices[0], bounds)
-    large = _probe_large(caller, ident.dtype, ident.head_dim, ident.notes)
+    large = _probe_large(caller, ident.dtype, ident.head_dim, ident.notes, limit,
+                         int(small.positions.max()))
     if large is not None:
         _check_norms(ident, large.matrices, large.positions, bounds, _span(large))
     pairs, single = _structure(ident, small, large, bounds)
@@ -514,6 +620,9 @@ def _infer(ident: Identification, small: Probe, caller: Caller):
         ident.amplitude = float(amp.mean())
 
     ident.scaled_amplitude = abs(ident.amplitude - 1.0) > 2 * bounds.norm
+    # the measured amplitude (a mean of hypot(c, s)) is off by at most a norm bound, with one
+    # more rounding for an attention factor that multiplies cos and sin
+    amplitude_error = float(ErrorModel(ident.dtype, extra_ops=1).norm_bound(bounds.a))
     if ident.scaled_amplitude:
         implied = math.exp((ident.amplitude - 1.0) / 0.1)
         ident.notes.append(f"amplitude: rotated pairs are scaled by {ident.amplitude:.6g} (a YaRN "
@@ -523,20 +632,68 @@ def _infer(ident: Identification, small: Probe, caller: Caller):
         ident.notes.append(f"pass-through scaled: pass-through features are multiplied by "
                            f"{passed.mean():.6g}")
 
-    theta, error, top, _ = measured[0]
+    theta, error, top, used = measured[0]
     if len(measured) == 2:
-        t2, e2, top2, _ = measured[1]
+        t2, e2, top2, used2 = measured[1]
         if (np.abs(theta - t2) > error + e2).any():
             ident.dynamic = True
         else:
-            theta, error, top = t2, e2, top2
+            theta, error, top, used = t2, e2, top2, used2
     ident.max_position = top
 
-    # direction and pairing
-    _orient(ident, pairs, theta, error, single, measured, bounds)
+    # direction and pairing, then the frequencies
+    keys = _orient(ident, pairs, theta, error, single, measured)
+    by_pair = dict(zip(pairs, used))
+    positions = (large if large is not None and not ident.dynamic else small).positions
+    _frequencies(ident, keys, measured, Measured(
+        np.array(ident.theta), np.array(ident.theta_error), np.array([by_pair[k] for k in keys]),
+        math.sqrt(2.0) * bounds.entry / bounds.a, ident.amplitude, amplitude_error),
+        lambda: _measure_more(ident, caller, tuple(int(p) for p in positions)))
 
 
-def _orient(ident, pairs, theta, error, single, measured, bounds):
+def _measure_more(ident, caller, positions) -> list[Measured]:
+    """The frequencies at the other head dims of EXTRA_HEAD_DIMS (a scaling's parameters
+    may be pinned only per rotary dim: YaRN's integer ramp ends), when the whole head
+    rotates in a standard layout; each read as in steps 4-5 (blocks a R(phi), angles linear
+    in m), with the bounds of its own amplitude. A head dim the target refuses is noted."""
+    from properties.strategies import FREE_HEAD_DIMS  # what ropecheck check draws
+
+    if ident.layout is None or ident.rotary_dim != ident.head_dim:
+        return []
+    out, refused = [], []
+    for head_dim in dict.fromkeys(EXTRA_HEAD_DIMS + FREE_HEAD_DIMS):
+        if head_dim == ident.head_dim:
+            continue
+        try:
+            probe = _probe(caller, ident.dtype, head_dim, positions)
+        except CallError as exc:
+            refused.append(f"{head_dim} ({exc})")
+            continue
+        except TargetHung as exc:
+            refused.append(f"{head_dim} ({exc})")
+            break
+        half = head_dim // 2
+        pairs = ([(i, i + half) for i in range(half)] if ident.layout == "half"
+                 else [(2 * i, 2 * i + 1) for i in range(half)])
+        bounds = _Bounds(ident.dtype, float(np.linalg.norm(probe.matrices, axis=1).max()))
+        c, s, residual = _pair_blocks(probe.matrices, pairs)
+        theta, error, ratios, _, used = _unwrap(probe.positions, c, s, bounds)
+        if ident.direction != "counter-clockwise":
+            theta = -theta
+        if residual.max() > bounds.entry or ratios.max() > 1.0 or (theta <= 0).any():
+            refused.append(f"{head_dim} (not the same kind of map there: blocks or angles off)")
+            continue
+        out.append(Measured(theta, error, used, math.sqrt(2.0) * bounds.entry / bounds.a,
+                            float(np.hypot(c, s).mean()),
+                            float(ErrorModel(ident.dtype, extra_ops=1).norm_bound(bounds.a))))
+    if refused:
+        ident.notes.append(f"head dims: not measured at {'; '.join(refused)}")
+    return out
+
+
+def _orient(ident, pairs, theta, error, single, measured):
+    """Layout, direction, pairs in frequency order, rotary dim; returns the pairs as keys
+    (first < second) in frequency order."""
     r, d = 2 * len(pairs), ident.head_dim
     rotated = sorted(i for p in pairs for i in p)
     by_pair = {pair: (t, e) for pair, t, e in zip(pairs, theta, error)}
@@ -558,12 +715,19 @@ def _orient(ident, pairs, theta, error, single, measured, bounds):
     keys = [tuple(sorted(p)) for p in ordered]
     ident.theta = [abs(float(by_pair[k][0])) for k in keys]
     ident.theta_error = [float(by_pair[k][1]) for k in keys]
+    ident.dynamic_theta = [abs(float(dyn[k])) for k in keys] if ident.dynamic else []
     ident.pass_through = [int(j) for j in single]
     ident.rotary_dim = r if trailing else None
     if not trailing and single:
         ident.notes.append(f"rotary dim: the pass-through features {_ranges(single)} are not the "
                            f"trailing block (--rotary-dim R means features R .. d-1 pass through)")
-    theta, error = np.array(ident.theta), np.array(ident.theta_error)
+    return keys
+
+
+def _frequencies(ident, keys, measured, freq: Measured, more):
+    """Base and scale from the frequencies, or the named scaling, or what is measured in words."""
+    r = 2 * len(keys)
+    theta, error = freq.theta, freq.error
     if len(theta) == 1:
         ident.notes.append("frequencies: one pair only, the base cannot be told")
         return
@@ -575,21 +739,21 @@ def _orient(ident, pairs, theta, error, single, measured, bounds):
     if ident.geometric and ln_b > 0:
         ident.base = round_within(math.exp(ln_b), d_ln_b)
         ident.base_error = float(math.expm1(d_ln_b))
+        ident.base_pairs = len(theta)
         ident.scale = round_within(math.exp(ln_s), d_ln_s) if abs(ln_s) > d_ln_s else 1.0
         ident.scale_error = float(math.expm1(d_ln_s))
         if ident.scale != 1.0:
-            ident.notes.append(f"position scaling: frequencies divided by {ident.scale:g} "
-                               f"(linear / position interpolation, m -> m / {ident.scale:g}; "
-                               f"the flags above describe the unscaled map)")
+            _linear(ident, freq)
+        elif ident.scaled_amplitude:
+            ident.notes.append(f"scaling: no --scaling value scales the rotated pairs by "
+                               f"{ident.amplitude:.6g} with unscaled geometric frequencies (YaRN's and "
+                               f"LongRoPE's attention factors come with per-frequency scaling)")
     elif ident.geometric:
         ident.geometric = False
         ident.notes.append("frequencies: they increase with the pair index (reversed order)")
     else:
-        ident.named_scalings = match_named_scalings(theta, r)
-        ident.notes.append("frequencies: not geometric: a per-frequency scaling (YaRN / "
-                           "Llama-3 / LongRoPE style); see the table")
+        _per_frequency(ident, freq, more)
     if ident.dynamic:
-        ident.dynamic_theta = [abs(float(dyn[k])) for k in keys]
         _, _, ln_b2, d2, ratio2, _ = _fit(np.array(ident.dynamic_theta), error, r)
         ident.dynamic_base = round_within(math.exp(ln_b2), d2) if ratio2 <= 1 else None
         at = measured[-1][2]
@@ -597,7 +761,92 @@ def _orient(ident, pairs, theta, error, single, measured, bounds):
                            f"NTK): with positions up to {at} "
                            + (f"the base is {ident.dynamic_base:g}" if ident.dynamic_base else
                               "they are not geometric")
-                           + f"; the flags describe positions up to {SMALL_POSITIONS[-1]}")
+                           + f"; the flags describe positions up to {measured[0][2]} (no --scaling "
+                             f"value is suggested for frequencies that change with the call)")
+
+
+def _linear(ident, freq: Measured):
+    """Geometric frequencies divided by s: linear:factor=s when it also explains the amplitude."""
+    ident.notes.append(f"position scaling: frequencies divided by {ident.scale:g} "
+                       f"(linear / position interpolation, m -> m / {ident.scale:g})")
+    if ident.dynamic:
+        return
+    candidate = linear_candidate(freq, ident.base, ident.scale)
+    if candidate.verified:
+        ident.named_scalings.append(candidate.flag)
+        ident.scaling_theta = candidate.theta
+        ident.evidence.append(Evidence(f"scaling {candidate.family}",
+                                       max(candidate.ratio, candidate.amplitude_ratio),
+                                       f"{candidate.flag}: float64 inv_freq and attention factor vs "
+                                       f"the measured theta and amplitude"))
+    elif candidate.ratio <= 1.0:
+        ident.notes.append(f"scaling: the frequencies are {candidate.flag} but the rotated pairs are "
+                           f"scaled by {ident.amplitude:.6g}: no --scaling value has both (the flags "
+                           f"describe the map without either)")
+    else:
+        ident.notes.append(f"scaling: {candidate.flag} misses the measured frequencies by "
+                           f"{candidate.ratio:.3g} times their bound (the factor is not pinned)")
+
+
+def _per_frequency(ident, freq: Measured, more):
+    """Not geometric: the base from the geometric head (and tail), then the named scalings
+    fitted on the rotary dim with the most pairs and verified at every one measured."""
+    ident.notes.append("frequencies: not geometric: a per-frequency scaling (YaRN / "
+                       "Llama-3 / LongRoPE style); see the table")
+    if fit_segments(freq) is None:
+        ident.notes.append("base: the leading pairs are not geometric from theta_0 = 1: the base "
+                           "cannot be told")
+        return
+    measurements = [freq] + ([] if ident.dynamic else more())
+    measured, segments = best_segments(measurements)
+    ident.base = round_within(math.exp(segments.ln_base), segments.d_ln_base)
+    ident.base_error = float(math.expm1(segments.d_ln_base))
+    ident.base_pairs = segments.pairs
+    n = measured.n
+    tail = (f" and the last {segments.tail} (divided by {math.exp(segments.ln_scale):.6g})"
+            if segments.tail > 1 else "")
+    ident.notes.append(f"base: fitted on {segments.pairs} of {n} pairs at rotary dim "
+                       f"{measured.rotary_dim}: the first {segments.head} (unscaled){tail}, "
+                       f"geometric with one base")
+    ident.evidence.append(Evidence(f"geometric head/tail (r = {measured.rotary_dim})", segments.ratio,
+                                   f"pairs 0..{segments.head - 1}"
+                                   + (f" and {n - segments.tail}..{n - 1}" if segments.tail > 1 else "")
+                                   + " are base^(-2k/r) (/ s)"))
+    if ident.dynamic:
+        return
+    dims = ", ".join(str(m.rotary_dim) for m in measurements)
+    verified, notes = match_named_scalings(measured, segments, measurements)
+    ident.notes += [f"scaling: {note}" for note in notes]
+    if verified and verified[0].base != ident.base:
+        ident.notes.append(f"base: {number(verified[0].base)}: the fit alone gives {ident.base:g} "
+                           f"+-{ident.base_error:.1e}; the named scaling verifies with these digits")
+        ident.base = verified[0].base
+    verified = [c for c in verified if c.base == ident.base]
+    for candidate in verified:
+        ident.named_scalings.append(candidate.flag)
+        ident.evidence.append(Evidence(f"scaling {candidate.family}",
+                                       max(candidate.ratio, candidate.amplitude_ratio),
+                                       f"{candidate.flag}: float64 inv_freq and attention factor vs "
+                                       f"the measured theta and amplitude at rotary dims {dims}"))
+        ident.notes.append(f"scaling: {candidate.family} fitted from the {candidate.how}; verified at "
+                           f"rotary dims {dims}: frequencies within {candidate.ratio:.2g}, amplitude "
+                           f"within {candidate.amplitude_ratio:.2g} of their bounds")
+    if verified:
+        ident.scaling_theta = verified[0].theta
+        if len(verified) > 1:
+            ident.notes.append(f"scaling: {len(verified)} families describe the measured frequencies "
+                               f"equally well (too few pairs in the band to tell them apart)")
+        if verified[0].family == "llama3":
+            ident.notes.append("scaling: Llama 3 depends only on original_max_position_embeddings / "
+                               "low_freq_factor and / high_freq_factor (the band edges' wavelengths): "
+                               "every parameter set with the same ratios is the same map")
+        if verified[0].family == "yarn" and "truncate" not in verified[0].flag:
+            ident.notes.append(f"scaling: YaRN's ramp ends are integers at each rotary dim, so "
+                               f"original_max_position_embeddings, beta_fast and beta_slow are pinned "
+                               f"only to ranges (and only their ratios matter: original / beta_fast, original / beta_slow): the values suggested reproduce rotary dims {dims}")
+    else:
+        ident.notes.append("scaling: no named scaling (Llama 3, YaRN) matches the measured "
+                           "frequencies within their bounds; no --scaling value is suggested")
 
 
 def _ranges(indices) -> str:
@@ -614,15 +863,16 @@ def _ranges(indices) -> str:
 def _confidence(ident: Identification) -> str:
     if not ident.rotary:
         return "none"
-    pinned = (ident.geometric and ident.base_error is not None and ident.base_error < PINNED
-              and (ident.scale_error or 0.0) < PINNED)
+    pinned = ((ident.geometric or bool(ident.named_scalings)) and ident.base_error is not None
+              and ident.base_error < PINNED and (ident.scale_error or 0.0) < PINNED)
     return "high" if pinned and ident.worst_ratio <= 1.0 else "medium"
 
 
-def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Identification:
+def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT,
+                  max_position: int = DEFAULT_MAX_POSITION) -> Identification:
     """Load ``spec`` (file.py:func, module:attr or a built-in name) and identify it."""
     try:
         target = load(spec)
     except TargetLoadError as exc:
         raise UnusableTarget(str(exc)) from None
-    return identify(target, timeout)
+    return identify(target, timeout, max_position)

@@ -53,7 +53,9 @@ def evidence_table(ident) -> Table:
 
 def frequency_table(ident) -> Table:
     table = Table(title="frequencies theta_k (highest first)", title_justify="left")
-    for column in ("k", "pair", "theta_k", "+-", "base^(-2k/r)" if ident.base else ""):
+    named = ident.named_scalings[0].split(":")[0] if ident.scaling_theta else ""
+    for column in ("k", "pair", "theta_k", "+-", "base^(-2k/r)" if ident.base else "",
+                   f"{named} (float64)" if named else ""):
         if column:
             table.add_column(column, justify="right")
     r = 2 * len(ident.pairs)
@@ -67,6 +69,8 @@ def frequency_table(ident) -> Table:
         cells = [str(k), str(ident.pairs[k]), f"{ident.theta[k]:.9g}", f"{ident.theta_error[k]:.1g}"]
         if ident.base:
             cells.append(f"{ident.base ** (-2.0 * k / r) / (ident.scale or 1.0):.9g}")
+        if named:
+            cells.append(f"{ident.scaling_theta[k]:.9g}")
         table.add_row(*cells)
     return table
 
@@ -97,8 +101,10 @@ def print_identification(console: Console, ident) -> None:
                           "the reference check fails on this target (sign of rotation)")
     else:
         console.print("flags: [yellow]none of --layout/--base/--rotary-dim describes this map[/]")
-    if ident.scaling:
-        console.print(f"suggested scaling (not yet a check flag): {ident.scaling}", soft_wrap=True)
+    if ident.scaling and ident.scaling not in ident.flags:
+        console.print(f"scaling: {ident.scaling}", soft_wrap=True)
+    for other in ident.named_scalings[1:]:
+        console.print(f"[yellow]note[/] also verified: --scaling {escape(other)}", soft_wrap=True)
 
 
 def _plain(value):
