@@ -82,7 +82,8 @@ def test_liger_one_token_row_stride():
     """Finding (README): for one token, liger's rope steps between batch rows with the
     stride of the size-1 sequence dimension, which a contiguous q need not make
     heads * head_dim: a cloned one-token slice of a (batch, heads, seq, dim) tensor gets
-    batch row 1 wrong; the same values with the usual strides are right."""
+    row 1 starts at batch 0's second head instead of batch 1, so that head is turned twice
+    and batch 1's last head not at all; the same values with the usual strides are right."""
     if ADAPTERS["liger-kernel"].why_unavailable():
         pytest.skip("liger-kernel is not installed")
     import torch
@@ -97,7 +98,9 @@ def test_liger_one_token_row_stride():
     cos, sin = _hf_cos_sin(torch.tensor([[5], [5]]), 8, torch.float32)
     odd, _ = LigerRopeFunction.apply(q.clone(), torch.zeros(2, 1, 1, 8), cos, sin)
     right, _ = LigerRopeFunction.apply(usual.clone(), torch.zeros(2, 1, 1, 8), cos, sin)
-    assert torch.allclose(odd[0], right[0]) and not torch.allclose(odd[1], right[1])
+    assert torch.allclose(odd[0, 0], right[0, 0])
+    assert not torch.allclose(odd[0, 1], right[0, 1])  # turned twice
+    assert torch.equal(odd[1, 1], q[1, 1])  # never turned
 
 
 def test_liger_backward_writes_into_grad_output():
