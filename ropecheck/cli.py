@@ -364,9 +364,11 @@ def list_targets(available):
               help="Seconds one call of the target may take.")
 @click.option("--max-position", type=click.IntRange(1), default=2**24, show_default=True,
               help="Largest position a probe may use.")
+@click.option("--in-process", is_flag=True,
+              help="Call the target in ropecheck's own process, not in a worker process.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result as JSON.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def identify(target, timeout, max_position, json_path, debug):
+def identify(target, timeout, max_position, in_process, json_path, debug):
     """Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by
     probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, identified;
     1: not a rotary embedding (the reasons are printed); 2: the target is unusable."""
@@ -375,7 +377,7 @@ def identify(target, timeout, max_position, json_path, debug):
 
     console = Console(highlight=False)
     try:
-        ident = identify_spec(target, timeout, max_position)
+        ident = identify_spec(target, timeout, max_position, in_process)
     except Unusable as exc:
         _fail(console, f"cannot identify target {target!r}: {exc}")
     except Exception as exc:  # our own bug: say so plainly (KeyboardInterrupt: click aborts)

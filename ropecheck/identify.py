@@ -81,7 +81,7 @@ from ropecheck.calling import DEFAULT_TIMEOUT, Caller, CallError, TargetHung
 from ropecheck.dtypes import UNIT_ROUNDOFF, torch_dtype
 from ropecheck.identify_scaling import (Measured, Segments, base_candidates, best_segments,
                                         fit_segments, linear_candidate, match, number, wls)
-from ropecheck.loading import TargetLoadError, load
+from ropecheck.loading import TargetLoadError, load, load_isolated
 from ropecheck.target import Target
 from ropecheck.tolerance import K_OPS, U32, ErrorModel
 
@@ -869,10 +869,14 @@ def _confidence(ident: Identification) -> str:
 
 
 def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT,
-                  max_position: int = DEFAULT_MAX_POSITION) -> Identification:
-    """Load ``spec`` (file.py:func, module:attr or a built-in name) and identify it."""
+                  max_position: int = DEFAULT_MAX_POSITION, in_process: bool = False) -> Identification:
+    """Load ``spec`` (file.py:func, module:attr or a built-in name) and identify it, its
+    calls running in a worker process unless ``in_process``."""
     try:
-        target = load(spec)
+        target = load(spec) if in_process else load_isolated(spec)
     except TargetLoadError as exc:
         raise UnusableTarget(str(exc)) from None
-    return identify(target, timeout, max_position)
+    try:
+        return identify(target, timeout, max_position)
+    finally:
+        target.executor_close()

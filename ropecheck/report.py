@@ -24,7 +24,7 @@ from properties.runner import RunOptions, json_number, selected_properties
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.catalog import Entry, library_version
-from ropecheck.loading import TargetLoadError, load
+from ropecheck.loading import TargetLoadError, load_isolated
 from ropecheck.output import environment
 from ropecheck.session import Session, callable_in, warm_up
 
@@ -87,19 +87,23 @@ def run_target(entry: Entry, dtypes: Optional[list], options: RunOptions, known:
     name = entry.name
     report = TargetReport(name, entry.library, entry.convention, entry.capabilities)
     try:
-        target = load(name)
+        target = load_isolated(name)  # each target in its own worker process
     except TargetLoadError as exc:
         report.problems = {"all": str(exc)}
         return report
-    wanted = [d for d in (dtypes or target.dtypes) if d in target.dtypes]
-    problems = warm_up(target, wanted, options.timeout)
-    report.problems = {d: p for d, p in problems.items() if p and d in wanted}
-    usable = [d for d in wanted if problems.get(d) is None]
-    session = Session(callable_in(target, problems), usable, selected_properties(()), options,
-                      reproduce=f"ropecheck check {name} --profile {options.profile}"
-                                + (f" --seed {options.seed}" if options.seed is not None else ""),
-                      known=known)
-    report.results = session.run(on_result)
+    try:
+        wanted = [d for d in (dtypes or target.dtypes) if d in target.dtypes]
+        crashes: dict = {}
+        problems = warm_up(target, wanted, options.timeout, crashes)
+        report.problems = {d: p for d, p in problems.items() if p and d in wanted}
+        usable = [d for d in wanted if problems.get(d) is None]
+        session = Session(callable_in(target, problems), usable, selected_properties(()), options,
+                          reproduce=f"ropecheck check {name} --profile {options.profile}"
+                                    + (f" --seed {options.seed}" if options.seed is not None else ""),
+                          known=known, crashes=crashes)
+        report.results = session.run(on_result)
+    finally:
+        target.executor_close()
     report.fixed = [k.reason for k in known_failures.fixed(name, report.results, known)]
     return report
 
