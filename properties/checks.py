@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.registry import property_registry
-from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, critical_cases, position_grids
+from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, critical_cases, max_position_for, position_grids
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
@@ -39,6 +39,12 @@ class Context:
     def max_position(self) -> int:
         """The largest position drawn: 2^24, or less where the target declares less."""
         return min(MAX_POSITION, self.target.max_position or MAX_POSITION)
+
+    def limit(self, head_dim: int) -> int:
+        """The largest position any call on this head size may use, shifts and steps
+        included: the declared range, and the memory budget of a target that tabulates
+        cos/sin up to the largest position it sees (``strategies.max_position_for``)."""
+        return min(self.max_position, max_position_for(head_dim))
 
     def __post_init__(self):
         self.rope = Caller(self.target, self.timeout)
@@ -132,8 +138,10 @@ def _vjp(ctx: Context, x: torch.Tensor, positions: np.ndarray, g: torch.Tensor) 
     return ctx.rope.vjp(x, torch.from_numpy(np.ascontiguousarray(positions)), g)
 
 
-def _shift_range(ctx: Context, positions: np.ndarray) -> tuple[int, int]:
-    return -int(positions.min()), ctx.max_position - int(positions.max())
+def _shift_range(ctx: Context, case: Case) -> tuple[int, int]:
+    """Shifts c that keep every position in 0 .. the case's limit."""
+    positions = case.positions_array()
+    return -int(positions.min()), ctx.limit(case.head_dim) - int(positions.max())
 
 
 # --- contract ----------------------------------------------------------------------
@@ -235,13 +243,13 @@ def orthogonality(ctx: Context, case: Case) -> float:
 
 
 def _shift_extra(ctx, case):
-    low, high = _shift_range(ctx, case.positions_array())
+    low, high = _shift_range(ctx, case)
     return st.fixed_dictionaries({"shift": st.integers(low, high).filter(lambda c: c != 0)
                                   if high > low else st.just(0)})
 
 
 def _example_shift(ctx, case):
-    low, high = _shift_range(ctx, case.positions_array())
+    low, high = _shift_range(ctx, case)
     return {"shift": 7 if high >= 7 else low}
 
 
@@ -296,7 +304,7 @@ def translation(ctx: Context, case: Case, shift: int) -> float:
 @st.composite
 def _second_grid(draw, ctx, case):
     p = case.positions_array()
-    room = ctx.max_position - int(p.max())
+    room = ctx.limit(case.head_dim) - int(p.max())
     return {"steps": draw(position_grids(case.batch, case.seq, max(room, 0)))}
 
 
@@ -304,7 +312,7 @@ def _second_grid(draw, ctx, case):
           extras=_second_grid, same_theta_across_calls=True,
           example_extras=lambda ctx, case: {"steps": np.minimum(
               np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
-              ctx.max_position - case.positions_array())})
+              ctx.limit(case.head_dim) - case.positions_array())})
 def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
     a, b = case.positions_array(), np.asarray(steps, dtype=np.int64)
     x = case.tensor()

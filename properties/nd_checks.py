@@ -28,7 +28,7 @@ from hypothesis import given, seed as hypothesis_seed, strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import as_float64
 from properties.registry import property_registry
-from properties.runner import Result, RunOptions
+from properties.runner import Result, RunOptions, failures_in, Seen, signature
 from reference.nd import PairRotation
 from ropecheck.calling import Caller, CallError
 from ropecheck.dtypes import torch_dtype
@@ -274,19 +274,20 @@ def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.
 
 def run_simple(name: str, formula: str, strategy, check: Callable, options: RunOptions, dtype: str,
                reproduce: str = "") -> Result:
-    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``; the last
-    failing draw hypothesis tried is its minimal one."""
+    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``. As the 1-D runner:
+    the message and the counterexample come from the same failure, and the result keeps
+    the largest error any draw showed."""
     result = Result(name, dtype, "passed", formula)
-    seen = {"failing": None, "error": None, "max": 0.0, "count": 0}
+    seen = Seen()
 
     def attempt(drawn):
-        seen["count"] += 1
+        seen.count += 1
         try:
             error = check(drawn)
         except Exception as failure:
-            seen["failing"], seen["error"] = drawn, failure
+            seen.failed(drawn, failure)
             raise
-        seen["max"] = max(seen["max"], float(error))
+        seen.passed(error)
 
     test = options.settings()(given(strategy)(attempt))
     if options.seed is not None:
@@ -294,19 +295,19 @@ def run_simple(name: str, formula: str, strategy, check: Callable, options: RunO
     start = time.perf_counter()
     try:
         test()
-    except Exception:
-        exc = seen["error"]
+    except Exception as raised:
+        exc = failures_in(raised)[0]
         known = isinstance(exc, (CheckFailure, CallError))
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
-        result.max_error = getattr(exc, "error", None)
-        drawn = seen["failing"]
-        result.counterexample = "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
-                                          for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
+        drawn = seen.inputs.get(id(exc))
+        if drawn is not None:
+            result.counterexample = "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
+                                              for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
         result.reproduce = reproduce
-    else:
-        result.max_error = seen["max"]
-    result.examples = seen["count"]
+        result.signature = signature(exc, result.counterexample)
+    result.max_error = seen.max if seen.count and (result.status == "passed" or seen.max > 1.0) else None
+    result.examples = seen.count
     result.seconds = time.perf_counter() - start
     return result
 

@@ -110,10 +110,10 @@ def _examples(prop: Property, ctx: Context) -> list:
     return out
 
 
-def _failures(exc: BaseException) -> list:
+def failures_in(exc: BaseException) -> list:
     """Hypothesis reports several distinct failures as an ExceptionGroup: all of them."""
     if getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
-        return [leaf for sub in exc.exceptions for leaf in _failures(sub)]
+        return [leaf for sub in exc.exceptions for leaf in failures_in(sub)]
     return [exc]
 
 
@@ -126,7 +126,7 @@ def _reproduce_line(exc: BaseException, command: str) -> str:
     return command
 
 
-class _Seen:
+class Seen:
     """What the examples showed: the largest error (failures included), and for every
     failure raised, the input that raised it (so that a failure's message and its
     counterexample always describe the same input)."""
@@ -182,7 +182,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status, result.message = "skipped", why
         return result
     ctx = Context(target, dtype, options.timeout)
-    seen = _Seen()
+    seen = Seen()
 
     @st.composite
     def inputs(draw):
@@ -229,7 +229,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         if budget_spent:
             drawn, exc = seen.latest
         else:
-            exc = _failures(raised)[0]
+            exc = failures_in(raised)[0]
             drawn = seen.inputs.get(id(exc))
         known = isinstance(exc, (CheckFailure, CallError))
         result.status = "failed" if known else "error"

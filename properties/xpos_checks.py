@@ -116,6 +116,13 @@ class XposTarget:
     inplace: bool = False  # read by Caller
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
 
+    @property
+    def position_step(self) -> int:
+        """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
+        half the declared range for the inputs."""
+        import sympy
+        return min(POSITION_STEP, int(sympy.prevprime(self.max_position // 2 + 1)))
+
 
 class PairCaller(Caller):
     """Calls ``xpos(q, k, positions)`` under the contract (time limit, exceptions as findings,
@@ -260,7 +267,7 @@ def xpos_relativity(ctx: XposContext, case: XposCase, c: int) -> float:
 
 
 @xpos_register(name="position-used", min_seq=2, headroom=POSITION_STEP,
-               formula="moving the last token by 1009 changes its scores with the others (distance is used); "
+               formula="moving the last token by c = 1009 (less in a smaller declared range) changes its scores with the others (distance is used); "
                        "q = k = u, the unit vector of pair 0")
 def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
     """With q = k = u on pair 0 alone, s(m, n) = zeta_0^((m-n)/s) cos((m-n) theta_0): one term, so
@@ -271,7 +278,8 @@ def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
     u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))
     u[..., int(pair_indices(case.shape[-1], ctx.target.convention.layout)[0][0])] = 1.0
     moved = p.copy()
-    moved[:, -1] += POSITION_STEP
+    step = ctx.target.position_step
+    moved[:, -1] += step
     s0, b0 = ctx.scores(u, u, p)
     s1, b1 = ctx.scores(u, u, moved)
 
@@ -282,7 +290,7 @@ def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
     best = np.argmax(change / np.maximum(noise, np.finfo(np.float64).tiny), axis=-1)[..., None]
     return assert_distinct(np.take_along_axis(change, best, -1)[..., 0], 0.0, np.take_along_axis(noise, best, -1)[..., 0],
                            axes=("batch", "head"),
-                           what=f"moving the last token by {POSITION_STEP} leaves its scores unchanged: "
+                           what=f"moving the last token by {step} leaves its scores unchanged: "
                                 "the position is not used")
 
 
@@ -310,7 +318,7 @@ def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, option
 
     @st.composite
     def inputs(d):
-        case = d(xpos_cases(target, dtype, prop.min_seq, prop.headroom))
+        case = d(xpos_cases(target, dtype, prop.min_seq, min(prop.headroom, target.position_step)))
         return case, d(prop.extras(ctx, case))
 
     def check(drawn):

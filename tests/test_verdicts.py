@@ -439,3 +439,56 @@ def test_target_file_importing_its_own_package(tmp_path, front_door):
     proc = subprocess.run([sys.executable, str(tmp_path / "bin" / front_door), *args], capture_output=True,
                           text=True, timeout=240, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_pytest_plugin_declares_the_position_range(tmp_path):
+    spec = write(tmp_path, "small_range", with_rope('''
+        def rope(x, positions):
+            if int(positions.max()) > 4096:
+                raise IndexError(f"position {int(positions.max())} past the 4097-row table")
+            return correct_rope(x, positions)
+    '''))
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "properties",
+            "--rope-target", spec, "--rope-layout", "half", "--rope-dtype", "float32",
+            "--rope-profile", "ci", "--rope-max-examples", "5", "-k", "position_range or reference"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    undeclared = subprocess.run(base, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert undeclared.returncode == 1, undeclared.stdout
+    assert "raises for positions >= 4097" in undeclared.stdout
+    assert "1 failed, 1 passed" in undeclared.stdout  # reference runs inside the range found
+    declared = subprocess.run(base + ["--rope-max-position", "4096"], capture_output=True, text=True,
+                              timeout=240, cwd=tmp_path, env=env)
+    assert declared.returncode == 0, declared.stdout
+
+
+@pytest.mark.parametrize("family", [
+    ("--family", "axial", "--axes", "2", "--layout", "half"),
+    ("--family", "xpos"),
+], ids=["axial", "xpos"])
+def test_families_keep_to_the_declared_range(tmp_path, family):
+    axial = family[1] == "axial"
+    source = textwrap.dedent(f'''
+        import torch
+        from reference import nd
+        from reference.relatives import apply_xpos
+
+        def rope({"x, positions" if axial else "q, k, positions"}):
+            assert int(positions.max()) <= 300, int(positions.max())
+            {"conv = nd.axial(x.shape[-1], 2, layout='half')" if axial else ""}
+            {"return torch.from_numpy(conv.apply(x.double().numpy(), positions.numpy())).to(x.dtype)" if axial else
+             "return tuple(torch.from_numpy(apply_xpos(t.double().numpy(), positions.numpy(), role=r)).to(t.dtype) for t, r in ((q, 'query'), (k, 'key')))"}
+    ''')
+    result = check(write(tmp_path, "range_nd", source), *family, *FP32, *FAST, "--max-position", "300")
+    assert result.exit_code == 0, result.output
+
+
+def test_in_process_hang_that_swallows_the_interrupt_is_named_so(tmp_path):
+    source = "import time\n\n\ndef rope(x, positions):\n    while True:\n        try:\n            time.sleep(100)\n" \
+             "        except BaseException:\n            pass\n"
+    out = tmp_path / "out.json"
+    proc = run_ropecheck("check", write(tmp_path, "swallows", source), "--layout", "half", *FP32, *FAST,
+                         "--timeout", "1", "--in-process", "--json", str(out), timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "caught the interrupt and went on" in output and "native code" not in output
+    assert json.loads(out.read_text())["exit_status"] == 2
