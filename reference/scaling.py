@@ -68,6 +68,12 @@ class Scaling:
     def attention_factor(self) -> float:
         return 1.0
 
+    def theta_gain(self, rotary_dim: int, base: float) -> np.ndarray:
+        """How much a relative error of the unscaled theta_i grows in the scaled one, per
+        frequency (d ln theta'_i / d ln theta_i): 1 for a scaling that multiplies theta_i by
+        a constant (the tolerance model multiplies theta_i's float32 error by it)."""
+        return np.ones(rotary_dim // 2)
+
     def parameters(self) -> dict:
         """The HF-style rope_parameters of this scaling (without rope_theta)."""
         out = {"rope_type": self.rope_type}
@@ -204,6 +210,18 @@ class Llama3(Scaling):
         smoothed = (1 - smooth) * theta / self.factor + smooth * theta
         out = np.where(wavelength > original / self.low_freq_factor, theta / self.factor, smoothed)
         return np.where(wavelength < original / self.high_freq_factor, theta, out)
+
+    def theta_gain(self, rotary_dim, base):
+        """In the band theta' = theta ((1 - s)/f + s) with s = (L0 theta / 2 pi - low) /
+        (high - low) itself linear in theta, so d ln theta' / d ln theta =
+        1 + (1 - 1/f) (x / (high - low)) / ((1 - s)/f + s), x = L0 theta / 2 pi: up to
+        1 + (f - 1) high / (high - low) at the band's long end (about 10 for Llama 3.1)."""
+        theta = _geometric(rotary_dim, base)
+        x = self.original_max_position_embeddings * theta / (2 * math.pi)
+        low, high, f = self.low_freq_factor, self.high_freq_factor, self.factor
+        s = (x - low) / (high - low)
+        gain = 1 + (1 - 1 / f) * (x / (high - low)) / ((1 - s) / f + s)
+        return np.where((x >= low) & (x <= high), gain, 1.0)
 
 
 @dataclass(frozen=True)

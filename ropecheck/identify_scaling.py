@@ -185,9 +185,9 @@ class Measured:
         """Bound on |ln theta_k - ln theta_exact,k| under any family fitted here."""
         return np.log1p((self.error + U32 * FAMILY_OPS * self.theta) / self.theta)
 
-    def allowed(self, reference: np.ndarray, base: float, theta_ops: int) -> np.ndarray:
+    def allowed(self, reference: np.ndarray, base: float, theta_ops: int, gain=1.0) -> np.ndarray:
         """|theta_k - reference_k| a target computing ``reference`` in float32 may show."""
-        per_unit_m = ErrorModel.angle_error(1.0, reference, self.x * math.log(base), theta_ops)
+        per_unit_m = ErrorModel.angle_error(1.0, reference, self.x * math.log(base), theta_ops, gain)
         return per_unit_m + self.read / self.used
 
 
@@ -232,7 +232,8 @@ def verify(candidate: Candidate, measurements: list[Measured], base: float) -> C
     for k, measured in enumerate(measurements):
         reference = scaling.inv_freq(measured.rotary_dim, base)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.abs(measured.theta - reference) / measured.allowed(reference, base, scaling.theta_ops)
+            gain = scaling.theta_gain(measured.rotary_dim, base)
+            ratios = np.abs(measured.theta - reference) / measured.allowed(reference, base, scaling.theta_ops, gain)
         candidate.ratio = max(candidate.ratio, float(np.nan_to_num(ratios, nan=math.inf).max()))
         candidate.amplitude_ratio = max(candidate.amplitude_ratio, abs(
             measured.amplitude - scaling.attention_factor()) / measured.amplitude_error)

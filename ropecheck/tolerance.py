@@ -82,17 +82,22 @@ class ErrorModel:
 
     # --- angle error of a float32 angle computation -------------------------------
     @staticmethod
-    def angle_error(positions, theta=None, e_ln_base=None, theta_ops: int = 0) -> np.ndarray:
+    def angle_error(positions, theta=None, e_ln_base=None, theta_ops: int = 0, gain=1.0) -> np.ndarray:
         """Allowed |dphi|: per frequency, shape (*positions.shape, r/2), when the
         frequencies theta are known; generic, shape positions.shape, otherwise.
-        ``e_ln_base`` is e_i ln(base) (default -ln(theta_i), exact without scaling)."""
+        ``e_ln_base`` is e_i ln(base) (default -ln(theta_i), exact without scaling).
+        ``gain`` (per frequency) is how a scaling amplifies a relative error of the unscaled
+        theta_i (``Scaling.theta_gain``: Llama 3's band mixes theta with a weight that is
+        itself linear in theta); its own weight's roundings add 4 (gain - 1)."""
         m = np.abs(np.asarray(positions, dtype=np.float64))
         if theta is None:
             return ANGLE_CONST * U32 * m
         theta = np.asarray(theta, dtype=np.float64)
         if e_ln_base is None:  # theta_i = base^(-e_i)  =>  e_i ln(base) = -ln(theta_i)
             e_ln_base = -np.log(theta)
-        per_freq = theta * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST + theta_ops)
+        gain = np.asarray(gain, dtype=np.float64)
+        per_freq = theta * (gain * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST)
+                            + 4.0 * (gain - 1.0) + theta_ops)
         return U32 * m[..., None] * per_freq
 
     # --- bounds ------------------------------------------------------------------
@@ -132,7 +137,9 @@ class ErrorModel:
         rho = np.hypot(x64[..., i], x64[..., j])
         dphi = self.angle_error(positions, convention.theta(head_dim, positions),
                                 convention.exponent_log_base(head_dim),
-                                convention.scaling.theta_ops)[:, :, None, :]
+                                convention.scaling.theta_ops,
+                                convention.scaling.theta_gain(convention.rotary_dim_for(head_dim),
+                                                              convention.base))[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair
