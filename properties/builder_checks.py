@@ -141,8 +141,9 @@ def _around(segments, out):
         if kind == "text" or k + 1 >= len(spans) or spans[k + 1][0] != "text" or spans[k + 1][2] == spans[k + 1][1]:
             continue
         L = out[a - 1][0] if a > 0 else -1.0
-        if a > 0 and spans[k - 1][0] != "text":
-            continue  # two media in a row: L is not a text position
+        before = [kind for kind, start, end in spans[:k] if end > start]
+        if before and before[-1] != "text":
+            continue  # two media in a row (or with empty text between): L is not a text position
         yield L, out[:a] if a else np.full((1, out.shape[1]), -1.0), segs[k], out[a:b], b, out[b]
 
 
