@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.registry import property_registry
-from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, critical_cases, max_position_for, position_grids
+from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, max_position_for, position_grids
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
@@ -384,10 +384,12 @@ def _distractor(draw, ctx, case):
 
 
 def _example_distractor(ctx, case):
+    """The call a multi-dtype process makes next: the same shape in another dtype, at
+    positions past the case's (a cache grown then, in that dtype, is what the case meets)."""
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
-    other = critical_cases(dtypes[0], ctx.target.rotary_dim)[-1]
-    other = other.with_positions(np.minimum(other.positions_array(), ctx.max_position))
-    return {"other": other, "split": case.seq // 2}
+    p = case.positions_array()
+    later = np.minimum(p + int(p.max()) + 1, ctx.limit(case.head_dim))
+    return {"other": replace(case, dtype=dtypes[0]).with_positions(later), "split": case.seq // 2}
 
 
 @register(name="statelessness",

@@ -16,6 +16,8 @@ GiB; at 2^29 a correct doubling table (nanotron's) needed more than 12 GiB.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -63,6 +65,11 @@ def head_dims(rotary_dim: int | None = None) -> st.SearchStrategy[int]:
     return st.sampled_from(partial_head_dims(rotary_dim))
 
 
+# Strategies are immutable: the ones built from draw-dependent arguments are cached, so a
+# draw reuses them instead of building (and validating) new strategy objects each time,
+# which was a third of a run's time. The same strategies, so the same draws.
+
+@lru_cache(maxsize=None)
 def offsets(limit: int) -> st.SearchStrategy[int]:
     """A starting position: small, cache-sized, at a boundary, or anywhere up to limit."""
     return st.one_of(
@@ -73,29 +80,45 @@ def offsets(limit: int) -> st.SearchStrategy[int]:
     )
 
 
+@lru_cache(maxsize=None)
+def _lists(element: st.SearchStrategy, size: int) -> st.SearchStrategy[list]:
+    return st.lists(element, min_size=size, max_size=size)
+
+
+@lru_cache(maxsize=None)
+def _scattered(limit: int) -> st.SearchStrategy[int]:
+    return st.one_of(offsets(limit), st.integers(0, limit))
+
+
 @st.composite
-def position_grids(draw, batch: int, seq: int, limit: int = MAX_POSITION) -> np.ndarray:
-    """(batch, seq) int64 positions, every value in [0, limit]."""
+def _position_grids(draw, batch: int, seq: int, limit: int) -> np.ndarray:
     kind = draw(st.sampled_from(("row-offsets", "shared-offset", "scattered")))
     if kind == "scattered" or limit < seq - 1:
-        values = draw(st.lists(st.one_of(offsets(limit), st.integers(0, limit)),
-                               min_size=batch * seq, max_size=batch * seq))
+        values = draw(_lists(_scattered(limit), batch * seq))
         return np.asarray(values, dtype=np.int64).reshape(batch, seq)
     top = limit - (seq - 1)
     if kind == "shared-offset":
         starts = [draw(offsets(top))] * batch
     else:
-        starts = draw(st.lists(offsets(top), min_size=batch, max_size=batch))
+        starts = draw(_lists(offsets(top), batch))
     return np.asarray(starts, dtype=np.int64)[:, None] + np.arange(seq, dtype=np.int64)
 
 
+@lru_cache(maxsize=None)
+def position_grids(batch: int, seq: int, limit: int = MAX_POSITION) -> st.SearchStrategy[np.ndarray]:
+    """(batch, seq) int64 positions, every value in [0, limit]."""
+    return _position_grids(batch, seq, limit)
+
+
+@lru_cache(maxsize=None)
+def _seqs(min_seq: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24), st.just(max(min_seq, 1)))
+
+
 @st.composite
-def cases(draw, dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
-          min_seq: int = 1, max_position: int = MAX_POSITION,
-          memory=MEMORY_LAYOUTS, positions=True) -> Case:
+def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions) -> Case:
     batch = draw(st.integers(min_batch, max(min_batch, 3)))
-    seq = draw(st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24),
-                         st.just(max(min_seq, 1))))
+    seq = draw(_seqs(min_seq))
     heads = draw(st.integers(1, 3))
     head_dim = draw(head_dims(rotary_dim))
     limit = min(max_position, max_position_for(head_dim))
@@ -108,6 +131,14 @@ def cases(draw, dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1
         scale=draw(st.sampled_from(scales(dtype))),
         seed=draw(st.integers(0, 2**16)),
     )
+
+
+@lru_cache(maxsize=None)
+def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
+          min_seq: int = 1, max_position: int = MAX_POSITION,
+          memory=MEMORY_LAYOUTS, positions=True) -> st.SearchStrategy[Case]:
+    """RoPE inputs (Case records) in ``dtype``."""
+    return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions)
 
 
 def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:

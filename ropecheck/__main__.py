@@ -1,5 +1,20 @@
-"""``python -m ropecheck``: the same CLI as the ``ropecheck`` command."""
+"""The ``ropecheck`` command (``python -m ropecheck`` and the installed script).
 
-from ropecheck.cli import entry
+It starts the target's worker process first, then imports the CLI: the worker's start-up
+and ropecheck's imports overlap.
+"""
 
-entry()
+import sys
+
+
+def main() -> None:
+    from ropecheck import spawn
+
+    spawn.prestart(sys.argv[1:])
+    from ropecheck.cli import entry
+
+    entry()
+
+
+if __name__ == "__main__":
+    main()

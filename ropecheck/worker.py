@@ -29,10 +29,9 @@ import os
 import pickle
 import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
+import time
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -40,11 +39,11 @@ from typing import Optional
 
 import torch
 
+from ropecheck import spawn
 from ropecheck.calling import TargetHung
 from ropecheck.execution import Execution, Outcome, describe_exception
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
-ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding the ropecheck package
 _CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|device-side assert|cudaError|"
                          r"unspecified launch failure", re.IGNORECASE)
 
@@ -79,6 +78,31 @@ def dumps(obj) -> bytes:
     return buffer.getvalue()
 
 
+# --- waiting for the other side ----------------------------------------------------------
+
+# Seconds each side polls without sleeping before it blocks. Waking a sleeping process
+# costs about 50 us on the virtual machines CI runs on, a fifth of a small call's cost;
+# with a core each (two or more), the two processes hand calls back and forth awake.
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+SPIN = 0.002 if _cores() > 1 else 0.0
+
+
+def spin_until_ready(conn: Connection, timeout: Optional[float]) -> bool:
+    """conn.poll(timeout), polling without sleeping for the first SPIN seconds."""
+    spin = SPIN if timeout is None else min(SPIN, timeout)
+    end = time.perf_counter() + spin
+    while time.perf_counter() < end:
+        if conn.poll(0):
+            return True
+    return conn.poll(None if timeout is None else timeout - spin)
+
+
 # --- the worker's side ---------------------------------------------------------------------
 
 def _die_with_parent() -> None:
@@ -100,6 +124,11 @@ def serve(fd: int, crash_log: str) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is ropecheck's to handle
     faulthandler.enable(open(crash_log, "w"))
+    # One core stays ropecheck's: a thread of the worker's spinning there (OpenMP's
+    # threads spin after a parallel region) slows down ropecheck's reference and next
+    # draw; on two cores that was the larger part of the worker's cost per call.
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() - 1)))
+    import ropecheck.loading  # noqa: F401  (every loader is there: imported while ropecheck starts)
     conn = Connection(fd)
     execution: Optional[Execution] = None
 
@@ -116,6 +145,7 @@ def serve(fd: int, crash_log: str) -> None:
 
     while True:
         try:
+            spin_until_ready(conn, None)
             message = pickle.loads(conn.recv_bytes())
         except EOFError:
             break
@@ -184,15 +214,7 @@ class _Process:
     """One worker process: started at once, its target loading while ropecheck goes on."""
 
     def __init__(self, loader: str, args: tuple):
-        ours, theirs = socket.socketpair()
-        handle, self.crash_log = tempfile.mkstemp(prefix="ropecheck-worker-", suffix=".log")
-        os.close(handle)
-        code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ropecheck.worker import serve; "
-                f"serve({theirs.fileno()}, {self.crash_log!r})")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                                     stdin=subprocess.DEVNULL)
-        theirs.close()
-        self.conn = Connection(ours.detach())
+        self.proc, self.conn, self.crash_log = spawn.take()
         self.conn.send_bytes(dumps(("load", list(sys.path), loader, args)))
 
     @property
@@ -203,7 +225,7 @@ class _Process:
         """The next message; TargetHung after ``timeout`` (the process is killed);
         ("crashed", why) when the process died instead of answering."""
         try:
-            ready = self.conn.poll(timeout)
+            ready = spin_until_ready(self.conn, timeout)
         except (OSError, EOFError):
             ready = True
         if not ready:
@@ -335,3 +357,4 @@ def close_all() -> None:
     """Stop every worker (at exit, and before an exit that skips atexit)."""
     for worker in list(_LIVE):
         worker.close()
+    spawn.discard()

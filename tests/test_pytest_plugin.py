@@ -14,9 +14,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from properties.checks import PROPERTIES
+
 pytest_plugins = ["pytester"]
 
-N_PROPERTIES = 13
+# one test per property, and the position-range test before them
+N_TESTS = len(PROPERTIES) + 1
 
 BASE_ARGS = ("--pyargs", "properties", "--rope-dtype", "float32", "--rope-max-examples", "5",
              "--rope-profile", "ci", "-p", "no:cacheprovider")
@@ -48,10 +51,10 @@ def run(pytester, *args):
 def test_builtin_target_passes_every_property(pytester):
     report = pytester.path / "report.xml"
     result = run(pytester, "--rope-target", "rotate-half", f"--junitxml={report}")
-    result.assert_outcomes(passed=N_PROPERTIES)
+    result.assert_outcomes(passed=N_TESTS)
     assert result.ret == pytest.ExitCode.OK
     root = ET.parse(report).getroot()
-    assert len(root.findall(".//testcase")) == N_PROPERTIES
+    assert len(root.findall(".//testcase")) == N_TESTS
     assert root.findall(".//failure") == [] and root.findall(".//error") == []
 
 
@@ -62,15 +65,15 @@ def test_sign_flipped_file_target_fails_reference(pytester):
                  f"--junitxml={report}")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, outcomes
-    assert outcomes.get("failed", 0) + outcomes.get("passed", 0) == N_PROPERTIES, outcomes
+    assert outcomes.get("failed", 0) + outcomes.get("passed", 0) == N_TESTS, outcomes
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     out = result.stdout.str()
     assert "FAILED test_properties.py::test_property[float32-reference]" in out
     assert "minimal counterexample:" in out and "reproduce:" in out
-    # --junitxml: one testcase per property, a failure element on the failing ones
+    # --junitxml: one testcase per test, a failure element on the failing ones
     root = ET.parse(report).getroot()
     cases = root.findall(".//testcase")
-    assert len(cases) == N_PROPERTIES
+    assert len(cases) == N_TESTS
     failed = {case.get("name") for case in cases if case.find("failure") is not None}
     assert "test_property[float32-reference]" in failed
     assert len(failed) == outcomes["failed"]
@@ -78,7 +81,7 @@ def test_sign_flipped_file_target_fails_reference(pytester):
 
 def test_keyword_selects_one_property(pytester):
     result = run(pytester, "--rope-target", "rotate-half", "-k", "identity", "-v")
-    result.assert_outcomes(passed=1, deselected=N_PROPERTIES - 1)
+    result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
     result.stdout.fnmatch_lines(["*test_property?float32-identity? PASSED*"])
 
 
@@ -87,7 +90,7 @@ def test_target_without_convention_skips_reference_checks(pytester):
     result = run(pytester, "--rope-target", "flipped.py:rope")
     # a rotation by -m is a valid RoPE: without --rope-layout only the reference check,
     # which needs a convention, could tell; it is skipped
-    result.assert_outcomes(passed=N_PROPERTIES - 1, skipped=1)
+    result.assert_outcomes(passed=N_TESTS - 1, skipped=1)
 
 
 def test_reproduce_hint_names_the_target(pytester):

@@ -210,6 +210,17 @@ def test_target_crashing_on_every_call(tmp_path):
     assert json.loads(out.read_text())["verdict"] == "failed"
 
 
+
+@pytest.mark.parametrize("args", [("check", "--profile", "no-such-profile"),
+                                  ("check", "rotate-half", *FP32, *FAST, "--property", "identity")],
+                         ids=["usage-error", "passing-run"])
+def test_the_early_worker_leaves_nothing_behind(tmp_path, args):
+    """``ropecheck check`` starts its worker before it knows whether the run gets that far;
+    an exit before the target is loaded stops it, as the end of a run does."""
+    proc = run_ropecheck(*args, env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode in (0, 2), proc.stdout + proc.stderr
+    assert list(tmp_path.glob("ropecheck-worker-*")) == []
+
 @pytest.mark.parametrize("mode", [(), ("--in-process",)], ids=["worker", "in-process"])
 def test_lingering_thread_does_not_hold_the_verdict(tmp_path, mode):
     source = with_rope('''
