@@ -24,6 +24,7 @@ from properties.assertions import CheckFailure
 from properties.nd_checks import run_simple
 from properties.runner import Result, RunOptions
 from reference import multimodal as mm
+from ropecheck.calling import CallError
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ def call_builder(fn, segments, fam: BuilderFamily) -> np.ndarray:
     """The builder's output as float64 (seq, n_axes), after checking the contract."""
     try:
         out = fn([tuple(s) for s in segments])
+    except CallError as exc:  # through ropecheck's calling layer: it says what the target did
+        raise CheckFailure(f"{exc} on {mm.describe_segments(segments)}")
     except Exception as exc:
         raise CheckFailure(f"the builder raised {type(exc).__name__}: {exc} on {mm.describe_segments(segments)}")
     if isinstance(out, torch.Tensor):

@@ -127,13 +127,27 @@ class InProcess:
     def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
             timeout: Optional[float] = None) -> Outcome:
         with time_limit(timeout):
-            outcome = (self.execution.vjp(args, positions, grads, inplace) if op == "vjp"
-                       else self.execution.call(args, positions, inplace))
+            outcome = self.execution.run(op, args, positions, grads, inplace)
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         return outcome
 
     def close(self):
         pass
+
+
+class PlainCaller:
+    """Calls a target that takes no tensors (a position builder) in its executor, within
+    the time limit: its result as it came, or CallError when it raised, exited or crashed
+    its process."""
+
+    def __init__(self, executor, timeout: float | None = DEFAULT_TIMEOUT):
+        self.executor, self.timeout = executor, timeout
+
+    def __call__(self, *args):
+        outcome = self.executor.run("plain", args, None, timeout=self.timeout)
+        if outcome.error is not None:
+            raise CallError(*outcome.error)
+        return outcome.outputs
 
 
 def executor_of(target):

@@ -54,6 +54,15 @@ def strided_copy(x: torch.Tensor) -> torch.Tensor:
     return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
 
 
+def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:
+    """Equal values, a NaN where there was a NaN (an output may hold NaN: non-finite
+    input, or a wrong kernel; it has not changed for that)."""
+    if torch.equal(now, then):
+        return True
+    return ((now.is_floating_point() or now.is_complex())
+            and bool(torch.isclose(now, then, rtol=0, atol=0, equal_nan=True).all()))
+
+
 def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
     changed = torch.nonzero(before != after)
     if len(changed) == 0:  # equal values, unequal bits (NaN, -0.0): name no index
@@ -111,7 +120,7 @@ class _Watch:
 
     def changed(self) -> Optional[str]:
         for now, then in zip(self.returned, self.snapshot):
-            if not torch.equal(now, then):
+            if not _unchanged(now, then):
                 return _first_change(then, now)
         return None
 
@@ -187,6 +196,29 @@ class Execution:
         outcome.outputs, outcome.returned = _normalise(out)
         self.watch.keep(outcome.outputs)
         self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
+        return outcome
+
+    def run(self, op: str, args: tuple, positions=None, grads=None, inplace: bool = False) -> Outcome:
+        """One call: ``op`` is "call" (:meth:`call`), "vjp" (:meth:`vjp`) or "plain"
+        (:meth:`plain`)."""
+        if op == "vjp":
+            return self.vjp(args, positions, grads, inplace)
+        if op == "plain":
+            return self.plain(args)
+        return self.call(args, positions, inplace)
+
+    def plain(self, args: tuple) -> Outcome:
+        """fn(*args) for a target that takes no tensors (a position builder): its result as
+        it came (a tensor detached), for the caller to judge."""
+        outcome = Outcome()
+        with state_guard(outcome.state_changes):
+            try:
+                out = self.fn(*args)
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+        outcome.outputs = out.detach() if isinstance(out, torch.Tensor) else out
+        outcome.returned = type(out).__name__
         return outcome
 
     def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False) -> Outcome:

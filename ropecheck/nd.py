@@ -31,7 +31,7 @@ from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConv
 from reference import nd as ndref
 from ropecheck import known_failures
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
-from ropecheck.calling import TargetHung
+from ropecheck.calling import InProcess, PlainCaller, TargetHung
 from ropecheck.loading import TargetLoadError, load_callable, load_callable_isolated
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
@@ -167,10 +167,8 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     if spec.family in BUILDER_FAMILIES:
         fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
             builder_checks.family(BUILDER_FAMILIES[spec.family])
-        try:
-            fn, _ = load_callable(spec.target, rope_signature=False)  # called here: builders take no tensors
-        except TargetLoadError as exc:
-            raise FamilyError(str(exc)) from None
+        fn, _, executor = spec.load(rope_signature=False)
+        fn = PlainCaller(executor or InProcess(fn), options.timeout)
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
             formula = builder_checks.BUILDER_CHECKS[name][0]

@@ -162,10 +162,7 @@ def serve(fd: int, crash_log: str) -> None:
                        f"loading the target failed: {describe_exception(exc)}"))
         elif kind == "call":
             _, op, args, positions, grads, inplace = message
-            if op == "vjp":
-                outcome = execution.vjp(args, positions, grads, inplace)
-            else:
-                outcome = execution.call(args, positions, inplace)
+            outcome = execution.run(op, args, positions, grads, inplace)
             poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
             if poisoned:
                 outcome.error = ("crashed", f"{outcome.error[1]}: a CUDA error that poisons the "

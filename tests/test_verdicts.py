@@ -221,6 +221,37 @@ def test_the_early_worker_leaves_nothing_behind(tmp_path, args):
     assert proc.returncode in (0, 2), proc.stdout + proc.stderr
     assert list(tmp_path.glob("ropecheck-worker-*")) == []
 
+
+@pytest.mark.parametrize("kind", ["none", "segfault", "os_exit"])
+def test_position_builder_runs_in_the_worker(tmp_path, kind):
+    """A position builder (--family mrope-builder) is a target like any other: its crash is
+    a failure with the segments it was given, not the end of ropecheck."""
+    crash = "" if kind == "none" else f"""
+            if any(segment[0] == "video" for segment in segments):
+                {CRASHERS[kind]}"""
+    source = textwrap.dedent(f'''
+        from reference.multimodal import reference_builder
+
+        _reference, _ = reference_builder("mrope")
+
+
+        def build_positions(segments):{crash}
+            return _reference(segments)
+    ''')
+    out = tmp_path / "out.json"
+    proc = run_ropecheck("check", write(tmp_path, f"builder_{kind}", source, "build_positions"),
+                         "--family", "mrope-builder", *FAST, "--json", str(out))
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output, output
+    report = json.loads(out.read_text())
+    if kind == "none":
+        assert proc.returncode == 0 and report["verdict"] == "passed", output
+        return
+    assert proc.returncode == 1 and report["verdict"] == "failed", output
+    said = {"segfault": "crashed the process (SIGSEGV)", "os_exit": "ended the process (exit status 3"}[kind]
+    failures = [r for r in report["results"] if r["status"] == "failed"]
+    assert failures and all(said in r["message"] and "video" in r["message"] for r in failures), failures
+
 @pytest.mark.parametrize("mode", [(), ("--in-process",)], ids=["worker", "in-process"])
 def test_lingering_thread_does_not_hold_the_verdict(tmp_path, mode):
     source = with_rope('''
@@ -267,6 +298,63 @@ def test_unusable_return_fails_contract(tmp_path, returned, said):
     assert result.exit_code == 1, result.output
     assert said in result.output and "ERROR" not in result.output
     assert failed(result.output, "contract", "float32")
+
+
+def test_invertibility_noise_counts_only_the_rotated_features():
+    """Distinctness of f(x, m) and f(x, m + k) is judged against the rounding noise of the
+    rotated block: the features past a partial rotary dim are the same at m and m + k.
+    Counting them failed transformers' correct Phi-3 LongRoPE (rotary 64 of a 256 head) in
+    bfloat16; a partial-rotary target that ignores positions still fails."""
+    from properties.checks import PROPERTIES
+    from properties.runner import RunOptions, run_property
+    from ropecheck.loading import load
+    from ropecheck.target import Target
+
+    options = RunOptions(profile="ci")
+    phi3 = load("hf-phi3-longrope")
+    assert run_property(PROPERTIES["invertibility"], phi3, "bfloat16", options).status == "passed"
+    frozen = Target(name="frozen", fn=lambda x, positions: phi3.fn(x, positions * 0),
+                    convention=phi3.convention, rotary_dim=phi3.rotary_dim)
+    assert run_property(PROPERTIES["invertibility"], frozen, "bfloat16", options).status == "failed"
+
+
+def test_an_output_holding_nan_is_not_a_changed_output():
+    """NaN != NaN: a previous output holding NaN (its input held inf) is unchanged when its
+    bits are; only a real change is the aliasing finding."""
+    import torch
+
+    from ropecheck.execution import Execution
+
+    buffer = torch.zeros(1, 1, 1, 4)
+
+    def returns_its_buffer(x, positions):
+        buffer.copy_(x * 0 + x)  # inf * 0 is NaN
+        return buffer
+
+    fresh = Execution(lambda x, positions: x * 0 + x)
+    shared = Execution(returns_its_buffer)
+    nan_input, other = torch.full((1, 1, 1, 4), float("inf")), torch.ones(1, 1, 1, 4)
+    positions = torch.zeros(1, 1, dtype=torch.int64)
+    for execution, aliased in ((fresh, False), (shared, True)):
+        execution.call((nan_input,), positions)
+        violations = execution.call((other,), positions).violations
+        assert any(kind == "aliased" for kind, _ in violations) is aliased, violations
+
+
+def test_statelessness_example_keeps_to_the_other_dtypes_magnitudes():
+    """The explicit distractor of statelessness is the case in another dtype: at float16 it
+    must not carry the 1e5 scale float16 cannot hold (an input no model produces)."""
+    from properties.cases import Case
+    from properties.checks import PROPERTIES, Context
+    from properties.strategies import scales
+    from ropecheck.builtins import builtin
+
+    target = builtin("rotate-half").with_(dtypes=("float32", "float16"))
+    ctx = Context(target=target, dtype="float32")
+    case = Case("float32", 1, 2, 1, 8, ((0, 1),), "contiguous", 1e5, 0)
+    other = PROPERTIES["statelessness"].example_extras(ctx, case)["other"]
+    assert other.dtype == "float16" and other.scale <= max(scales("float16"))
+    assert other.positions_array().min() > 1  # later positions
 
 
 @pytest.mark.parametrize("change, said", [
