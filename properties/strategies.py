@@ -144,7 +144,7 @@ def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
 def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
     """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
     every boundary position up to 2^24 on a non-power-of-two head size, per-row
-    offsets on a padded view."""
+    offsets on a padded view, two rows of a transposed view."""
     r = rotary_dim
     small = FREE_HEAD_DIMS[0] if r is None else r
     other = FREE_HEAD_DIMS[1] if r is None else r + 48
@@ -159,4 +159,7 @@ def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
         Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
         Case(dtype, 3, 5, 2, mid, tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
              "padded", scales(dtype)[-1], 4),
+        # HF's layout with two rows: its one-token slices (decode steps) have a row stride
+        # that is not heads x head_dim
+        Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
     ]
