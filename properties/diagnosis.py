@@ -207,9 +207,7 @@ def _rounding(probe: Probe, option) -> Optional[Model]:
     if kind == "cos/sin" and u <= ctx.model.unit:
         return None
     theta = conv.theta(probe.head_dim, m)
-    dphi = ctx.model.angle_error(m, theta, conv.exponent_log_base(probe.head_dim), conv.scaling.theta_ops,
-                                 conv.scaling.theta_gain(conv.rotary_dim_for(probe.head_dim), conv.base)
-                                 )[:, :, None, :]
+    dphi = ctx.model.declared_angle_error(m, conv, probe.head_dim)[:, :, None, :]
     if kind == "angles":
         g = (1.0 + u) ** 3
         m_abs = np.abs(m)[..., None, None]

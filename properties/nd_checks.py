@@ -28,7 +28,8 @@ from hypothesis import given, seed as hypothesis_seed, strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import as_float64
 from properties.registry import property_registry
-from properties.runner import Result, RunOptions, failures_in, Seen, signature
+from properties.runner import Result, RunOptions, Seen, failures_in, signature
+from properties.strategies import prime_step
 from reference.nd import PairRotation
 from ropecheck.calling import Caller, CallError
 from ropecheck.dtypes import torch_dtype
@@ -68,8 +69,7 @@ class NDTarget:
     def invertibility_step(self) -> int:
         """INVERTIBILITY_STEP, or the largest prime <= limit / 4 when the target accepts less
         (inputs <= limit / 2, plus two steps)."""
-        import sympy
-        return min(INVERTIBILITY_STEP, int(sympy.prevprime(self.limit // 4 + 1)))
+        return prime_step(INVERTIBILITY_STEP, self.limit // 4)
 
     def room(self, positions: np.ndarray) -> int:
         """How far positions may still be shifted up."""

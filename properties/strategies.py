@@ -141,6 +141,15 @@ def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
     return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions)
 
 
+@lru_cache(maxsize=None)
+def prime_step(cap: int, limit: int) -> int:
+    """A position step: ``cap``, or the largest prime <= limit when that is smaller (a
+    prime step does not land on the period of a table or a frequency)."""
+    import sympy
+
+    return min(cap, int(sympy.prevprime(limit + 1)))
+
+
 def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
     """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
     every boundary position up to 2^24 on a non-power-of-two head size, per-row

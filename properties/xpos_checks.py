@@ -68,6 +68,7 @@ from properties.cases import as_float64
 from properties.nd_checks import run_simple
 from properties.registry import property_registry
 from properties.runner import Result, RunOptions
+from properties.strategies import prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate
@@ -120,8 +121,7 @@ class XposTarget:
     def position_step(self) -> int:
         """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
         half the declared range for the inputs."""
-        import sympy
-        return min(POSITION_STEP, int(sympy.prevprime(self.max_position // 2 + 1)))
+        return prime_step(POSITION_STEP, self.max_position // 2)
 
 
 class PairCaller(Caller):

@@ -100,6 +100,15 @@ class ErrorModel:
                             + 4.0 * (gain - 1.0) + theta_ops)
         return U32 * m[..., None] * per_freq
 
+    @classmethod
+    def declared_angle_error(cls, positions, convention, head_dim: int) -> np.ndarray:
+        """angle_error for the frequencies a Convention declares at this head size (its
+        scaling's extra operations and gain included): shape (*positions.shape, r/2)."""
+        scaling = convention.scaling
+        return cls.angle_error(positions, convention.theta(head_dim, positions),
+                               convention.exponent_log_base(head_dim), scaling.theta_ops,
+                               scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base))
+
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):
         """Allowed error per unit of rho: K_OPS u (+ dphi unless strict)."""
@@ -135,11 +144,7 @@ class ErrorModel:
         head_dim = x64.shape[-1]
         i, j = pair_indices(convention.rotary_dim_for(head_dim), convention.layout)
         rho = np.hypot(x64[..., i], x64[..., j])
-        dphi = self.angle_error(positions, convention.theta(head_dim, positions),
-                                convention.exponent_log_base(head_dim),
-                                convention.scaling.theta_ops,
-                                convention.scaling.theta_gain(convention.rotary_dim_for(head_dim),
-                                                              convention.base))[:, :, None, :]
+        dphi = self.declared_angle_error(positions, convention, head_dim)[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair

@@ -80,9 +80,6 @@ def dumps(obj) -> bytes:
 
 # --- waiting for the other side ----------------------------------------------------------
 
-# Seconds each side polls without sleeping before it blocks. Waking a sleeping process
-# costs about 50 us on the virtual machines CI runs on, a fifth of a small call's cost;
-# with a core each (two or more), the two processes hand calls back and forth awake.
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -90,6 +87,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+# Seconds each side polls without sleeping before it blocks. Waking a sleeping process
+# costs about 50 us on the virtual machines CI runs on, a fifth of a small call's cost;
+# with a core each (two or more), the two processes hand calls back and forth awake.
 SPIN = 0.002 if _cores() > 1 else 0.0
 
 
