@@ -16,9 +16,10 @@ __tracebackhide__ = True
 class CheckFailure(AssertionError):
     """A property does not hold. ``error`` is in tolerance units (> 1)."""
 
-    def __init__(self, message: str, error: float = float("inf")):
+    def __init__(self, message: str, error: float = float("inf"), where: dict | None = None):
         super().__init__(message)
         self.error = error
+        self.where = where or {}  # axis name -> index of the worst element
 
 
 AXES_4D = ("batch", "seq", "head", "feature")
@@ -52,7 +53,7 @@ def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXE
         f"{what}: {bad} / {ratio.size} ({100.0 * bad / ratio.size:.3g} %) outside the bound; "
         f"worst at {_where(index, axes, positions)}: got {actual[index]:.9g}, expected "
         f"{expected[index]:.9g}, |difference| {diff[index]:.3g}, allowed {bound[index]:.3g} "
-        f"({worst:.3g} x tolerance)", error=worst)
+        f"({worst:.3g} x tolerance)", error=worst, where=dict(zip(axes, map(int, index))))
 
 
 def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> float:
@@ -69,4 +70,4 @@ def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> 
     index = np.unravel_index(flat, ratio.shape)
     raise CheckFailure(f"{what}: at {_where(index, axes, positions)} the difference "
                        f"{diff[index]:.3g} is within rounding noise {bound[index]:.3g}",
-                       error=worst)
+                       error=worst, where=dict(zip(axes, map(int, index))))

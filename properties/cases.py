@@ -82,6 +82,11 @@ GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd")
 
 @dataclass(frozen=True)
 class Case:
+    """One input in the canonical form (x, positions), and the call form it is handed to
+    the target in (``ropecheck.call_forms``): for ``qk``, x's ``heads`` are q's and
+    ``k_heads`` more follow (k; none: k=None), ``separate`` puts q and k in storages of
+    their own; for ``packed``, batch is 1 and ``lengths`` are the sequences' lengths."""
+
     dtype: str
     batch: int
     seq: int
@@ -91,10 +96,15 @@ class Case:
     memory: str = "contiguous"
     scale: float = 1.0
     seed: int = 0
+    call: str = "x"
+    k_heads: int = 0  # qk: k's heads
+    separate: bool = False  # qk: q and k in storages of their own
+    lengths: tuple = ()  # packed: sequence lengths, empty ones included
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.seq, self.heads, self.head_dim)
+        """The canonical x's shape: q's and k's heads together for qk."""
+        return (self.batch, self.seq, self.heads + self.k_heads, self.head_dim)
 
     def positions_array(self) -> np.ndarray:
         return np.asarray(self.positions, dtype=np.int64).reshape(self.batch, self.seq)
@@ -123,8 +133,19 @@ class Case:
     def describe(self) -> str:
         p = self.positions_array()
         rows = "; ".join(_short(row) for row in p)
-        return (f"x: shape {self.shape} {self.dtype}, {self.memory}, scale {self.scale:g}, "
+        return (f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, "
                 f"seed {self.seed}; positions [{rows}]")
+
+    def _form(self) -> str:
+        b, s, h, d = self.batch, self.seq, self.heads, self.head_dim
+        if self.call == "qk":
+            k = f"k {(b, s, self.k_heads, d)}" if self.k_heads else "k None"
+            where = "separate tensors" if self.separate else f"heads 0..{h - 1} and {h}..{h + self.k_heads - 1} of one tensor"
+            return f"call qk: q {(b, s, h, d)}, {k} ({where})"
+        if self.call == "packed":
+            cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
+            return f"call packed: x {(s, h, d)}, cu_seqlens {_short(np.asarray(cu))}"
+        return f"x: shape {self.shape}"
 
 
 def _short(row: np.ndarray, limit: int = 10) -> str:

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.registry import property_registry
-from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, cases, max_position_for, position_grids, scales
+from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, in_form, max_position_for, position_grids,
+                                   scales)
+from ropecheck.call_forms import CALL_FORMS
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
@@ -81,13 +83,20 @@ class Property:
     case_options: dict = field(default_factory=dict)
     # fixed exotic inputs tried after the drawn ones: a refusal is a support note
     probes: Callable = lambda ctx: ()
+    # the call forms (ropecheck.call_forms) it is defined for, and why not for the others
+    calls: tuple = tuple(CALL_FORMS)
+    calls_why: str = ""
+    large: bool = False  # tries the fixed large inputs (strategies.large_cases) too
 
     def case_strategy(self, ctx: Context):
         options = dict(self.case_options)
         options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-        return cases(ctx.dtype, ctx.target.rotary_dim, **options)
+        return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call,
+                     k_optional=ctx.target.k_optional, **options)
 
     def applies_to(self, target: Target) -> tuple[bool, str]:
+        if target.call not in self.calls:
+            return False, f"not defined for call form {target.call}: {self.calls_why}"
         if self.needs_convention and target.convention is None:
             return False, "needs a declared convention (--layout)"
         if self.needs_backward and not target.backward:
@@ -192,7 +201,8 @@ def _layouts_probe(ctx: Context) -> list:
     if r:
         probes.append(Probe(replace(base, head_dim=r + 1), _odd_head_agrees,
                             f"an odd head_dim ({r + 1}) around a rotary dim of {r}"))
-    return probes
+    return [replace(probe, case=replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory))
+            for probe in probes]
 
 
 # --- spec-free properties ----------------------------------------------------------
@@ -309,7 +319,8 @@ def _second_grid(draw, ctx, case):
 
 
 @register(name="group-law", formula="f(f(x, a), b) = f(x, a + b)",
-          extras=_second_grid, same_theta_across_calls=True,
+          extras=_second_grid, same_theta_across_calls=True, calls=("x", "qk"),
+          calls_why="its second positions are drawn per token, not as a sequence's offset + index",
           example_extras=lambda ctx, case: {"steps": np.minimum(
               np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
               ctx.limit(case.head_dim) - case.positions_array())})
@@ -383,7 +394,8 @@ def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
 def _distractor(draw, ctx, case):
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
     other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim,
-                       max_position=ctx.max_position))
+                       max_position=ctx.max_position, call=ctx.target.call,
+                       k_optional=ctx.target.k_optional))
     return {"other": other, "split": draw(st.integers(0, case.seq - 1))}
 
 
@@ -413,7 +425,7 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
                            "again on an input of the same shape: it is a view of the target's "
                            "internal buffer")
     try:  # the other call only changes the target's state; its own result is not judged here
-        ctx.rope(other.tensor(), other.positions_tensor())
+        ctx.rope(other.tensor(), other.positions_tensor(), case=other)
     except CallError:
         pass
     again, first = _f(ctx, x, p), ctx.unscale(first)
@@ -438,7 +450,8 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
 
 @register(name="batch-independence",
           formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
-          case_options={"min_batch": 2}, same_theta_across_calls=True)
+          case_options={"min_batch": 2}, same_theta_across_calls=True, calls=("x", "qk"),
+          calls_why="a packed batch has one row (its sequences are checked by reference)")
 def batch_independence(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     whole = _f(ctx, x, p)
@@ -461,7 +474,7 @@ def _where_pairs(ctx: Context, head_dim: int) -> str:
 @register(name="reference",
           formula="f(x, m) = R_m x, the float64 reference of the declared convention, "
                   "within the error model",
-          needs_convention=True)
+          needs_convention=True, large=True)
 def reference_agreement(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     x64 = as_float64(x)
@@ -473,7 +486,7 @@ def reference_agreement(ctx: Context, case: Case) -> float:
 
 @register(name="backward",
           formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
-          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout)
+          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout, large=True)
 def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
     g, v = case.tensor(1, memory=grad_layout), case.tensor(2)

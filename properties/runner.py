@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -17,7 +17,7 @@ from properties.accuracy import accuracy_sweep
 from properties.assertions import CheckFailure
 from properties.checks import PROPERTIES, Context, Property
 from properties.diagnosis import likely_cause
-from properties.strategies import FREE_HEAD_DIMS, critical_cases
+from properties.strategies import FREE_HEAD_DIMS, critical_cases, large_cases
 from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {
@@ -98,14 +98,25 @@ def _example_fits(prop: Property, case) -> bool:
 
 
 def _examples(prop: Property, ctx: Context) -> list:
+    """The fixed inputs: the critical cases, and the large ones for a property that
+    promises to try them; in the target's call form, within its position range."""
+    call = ctx.target.call
+    fixed = critical_cases(ctx.dtype, ctx.target.rotary_dim, call)
+    if prop.large:
+        fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)
     out = []
-    for case in critical_cases(ctx.dtype, ctx.target.rotary_dim):
+    for case in fixed:
         if not _example_fits(prop, case):
             continue
+        p = case.positions_array()
         if prop.case_options.get("positions", True) is False:
-            case = case.with_positions(np.zeros((case.batch, case.seq), dtype=np.int64))
-        elif case.positions_array().max() > ctx.max_position:
-            case = case.with_positions(np.minimum(case.positions_array(), ctx.max_position))
+            case = case.with_positions(np.zeros_like(p))
+            if call == "packed":  # sequences of one token each
+                case = replace(case, lengths=(1,) * case.seq)
+        elif p.max() > ctx.max_position:
+            # packed sequences keep counting up: shifted down, not clipped
+            case = case.with_positions(np.maximum(p - (p.max() - ctx.max_position), 0) if call == "packed"
+                                       else np.minimum(p, ctx.max_position))
         out.append((case, prop.example_extras(ctx, case)))
     return out
 
@@ -197,6 +208,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
             raise _ShrinkBudgetSpent()
         case, extras = drawn
         seen.count += 1
+        ctx.rope.case = case  # its q/k split and sequences shape the calls on its tensors
         try:
             error = check(ctx, case, **extras)
         except TargetHung as hung:
@@ -235,6 +247,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
         if drawn is not None:
+            result.message += _whose_head(exc, drawn[0])
             result.counterexample = _describe(*drawn) + (
                 f" (shrinking stopped after {SHRINK_BUDGET:g} s or {CRASH_BUDGET} crashes: the "
                 "smallest found, perhaps not minimal)" if budget_spent else "")
@@ -252,6 +265,15 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
             result.diagnosis = _likely_cause(ctx)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _whose_head(exc: BaseException, case) -> str:
+    """For a (q, k) call: whether the worst element's head is one of q's or of k's."""
+    head = getattr(exc, "where", {}).get("head")
+    if head is None or getattr(case, "call", "x") != "qk":
+        return ""
+    return f" (head {head} is q's head {head})" if head < case.heads else \
+        f" (head {head} is k's head {head - case.heads}: k has {case.k_heads}, q {case.heads})"
 
 
 def _sweep(result: Result, ctx: Context, reproduce_hint: str) -> None:

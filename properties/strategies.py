@@ -16,12 +16,14 @@ GiB; at 2^29 a correct doubling table (nanotron's) needed more than 12 GiB.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
 from hypothesis import strategies as st
 
 from properties.cases import MEMORY_LAYOUTS, Case
+from ropecheck.call_forms import segment_lengths
 
 MAX_POSITION = 2**24
 POSITION_BUDGET = 2**27
@@ -116,29 +118,80 @@ def _seqs(min_seq: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions) -> Case:
+def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions,
+           call="x", k_optional=False) -> Case:
+    if call == "packed":
+        return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions))
     batch = draw(st.integers(min_batch, max(min_batch, 3)))
     seq = draw(_seqs(min_seq))
-    heads = draw(st.integers(1, 3))
+    heads = draw(st.integers(1, 3)) if call == "x" else draw(st.sampled_from(Q_HEADS))
     head_dim = draw(head_dims(rotary_dim))
     limit = min(max_position, max_position_for(head_dim))
     grid = (draw(position_grids(batch, seq, limit)) if positions
             else np.zeros((batch, seq), dtype=np.int64))
-    return Case(
+    case = Case(
         dtype=dtype, batch=batch, seq=seq, heads=heads, head_dim=head_dim,
         positions=tuple(map(tuple, grid.tolist())),
         memory=draw(st.sampled_from(memory)),
         scale=draw(st.sampled_from(scales(dtype))),
         seed=draw(st.integers(0, 2**16)),
     )
+    if call == "qk":
+        case = replace(case, call="qk", k_heads=draw(k_heads(heads, k_optional)),
+                       separate=draw(st.booleans()))
+    return case
+
+
+# q heads of a (q, k) call: with k's, few enough to keep the checks' calls small
+Q_HEADS = (1, 2, 4, 6)
+
+
+@lru_cache(maxsize=None)
+def k_heads(q_heads: int, k_optional: bool) -> st.SearchStrategy[int]:
+    """k's heads for q_heads query heads: one (MQA) half the time, else any divisor (GQA,
+    MHA), or none (k=None) where the target accepts it."""
+    divisors = tuple(d for d in range(1, q_heads + 1) if q_heads % d == 0)
+    return st.one_of(st.just(1), st.sampled_from(divisors + ((0,) if k_optional else ())))
+
+
+PACKED_MEMORY = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-64")
+
+
+@lru_cache(maxsize=None)
+def _packed_lengths(min_total: int) -> st.SearchStrategy[list]:
+    """Sequence lengths of a packed batch: one to four sequences of different lengths,
+    empty ones among them."""
+    length = st.one_of(st.just(0), st.integers(1, 8), st.integers(1, 24))
+    return st.lists(length, min_size=1, max_size=4).filter(lambda ls: sum(ls) >= max(min_total, 1))
+
+
+@st.composite
+def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions) -> Case:
+    head_dim = draw(head_dims(rotary_dim))
+    limit = min(max_position, max_position_for(head_dim))
+    if positions:
+        lengths = draw(_packed_lengths(min_seq))
+        starts = [draw(offsets(max(limit - n, 0))) for n in lengths]
+    else:  # every position 0: sequences of one token (and empty ones)
+        lengths = [min(n, 1) for n in draw(_packed_lengths(1))]
+        lengths += [1] * max(min_seq - sum(lengths), 0)
+        starts = [0] * len(lengths)
+    row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
+    usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
+    return Case(dtype=dtype, batch=1, seq=int(row.size), heads=draw(st.integers(1, 3)),
+                head_dim=head_dim, positions=(tuple(row.tolist()),),
+                memory=draw(st.sampled_from(usable)), scale=draw(st.sampled_from(scales(dtype))),
+                seed=draw(st.integers(0, 2**16)), call="packed", lengths=tuple(lengths))
 
 
 @lru_cache(maxsize=None)
 def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
           min_seq: int = 1, max_position: int = MAX_POSITION,
-          memory=MEMORY_LAYOUTS, positions=True) -> st.SearchStrategy[Case]:
-    """RoPE inputs (Case records) in ``dtype``."""
-    return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions)
+          memory=MEMORY_LAYOUTS, positions=True, call: str = "x",
+          k_optional: bool = False) -> st.SearchStrategy[Case]:
+    """RoPE inputs (Case records) in ``dtype``, in the target's call form."""
+    return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions,
+                  call, k_optional)
 
 
 @lru_cache(maxsize=None)
@@ -150,10 +203,10 @@ def prime_step(cap: int, limit: int) -> int:
     return min(cap, int(sympy.prevprime(limit + 1)))
 
 
-def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
+def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
     """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
     every boundary position up to 2^24 on a non-power-of-two head size, per-row
-    offsets on a padded view, two rows of a transposed view."""
+    offsets on a padded view, two rows of a transposed view; in the target's call form."""
     r = rotary_dim
     small = FREE_HEAD_DIMS[0] if r is None else r
     other = FREE_HEAD_DIMS[1] if r is None else r + 48
@@ -162,7 +215,7 @@ def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
                 65505, 2**20 + 1, 2**24]
     limit_other = max_position_for(other)
     cap = [min(p, limit_other) for p in boundary]
-    return [
+    return [in_form(case, call) for case in (
         Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
         Case(dtype, 1, len(cap), 1, other, (tuple(cap),), "contiguous", 1.0, 2),
         Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
@@ -171,4 +224,43 @@ def critical_cases(dtype: str, rotary_dim: int | None = None) -> list[Case]:
         # HF's layout with two rows: its one-token slices (decode steps) have a row stride
         # that is not heads x head_dim
         Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
-    ]
+    )]
+
+
+def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
+    """Fixed large inputs every run tries, for a kernel that takes another path above a
+    size: 2^14 and 2^15 + 1 token x head products, head_dim 256 (4 r with a partial
+    rotary dim r), and 32 query heads with one key head."""
+    r = rotary_dim
+    common, small, wide = r or 64, r or FREE_HEAD_DIMS[0], 256 if r is None else 4 * r
+
+    def rows(*starts, seq):
+        return tuple(tuple(range(o, o + seq)) for o in starts)
+
+    return [in_form(case, call, large=True) for case in (
+        Case(dtype, 2, 1024, 8, common, rows(0, 5000, seq=1024), "contiguous", 1.0, 21),
+        Case(dtype, 1, 3641, 9, small, rows(100, seq=3641), "contiguous", 1.0, 22),
+        Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
+        Case(dtype, 1, 512, 33, r or 128, rows(4000, seq=512), "contiguous", 1.0, 24),
+    )]
+
+
+def in_form(case: Case, call: str, large: bool = False) -> Case:
+    """A fixed input in another call form. qk: x's heads become q's and k's (one key
+    head, or as many as q's on odd seeds; a large input's last head is its one key head),
+    in storages of their own on even seeds. packed: each row's runs of consecutive
+    positions become sequences, an empty one after the first."""
+    if call == "qk":
+        if large:
+            return replace(case, call="qk", heads=case.heads - 1, k_heads=1)
+        k = case.heads if case.seed % 2 else 1
+        return replace(case, call="qk", k_heads=k, separate=case.seed % 2 == 0)
+    if call == "packed":
+        rows = case.positions_array()
+        lengths = [n for row in rows for n in segment_lengths(row)]
+        lengths.insert(1, 0)
+        memory = case.memory if case.memory in PACKED_MEMORY else "contiguous"
+        return replace(case, call="packed", batch=1, seq=int(rows.size),
+                       positions=(tuple(rows.reshape(-1).tolist()),), memory=memory,
+                       lengths=tuple(lengths))
+    return case

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ropecheck.call_forms import Form
 from ropecheck.execution import Execution, Outcome, describe_exception, strided_copy  # noqa: F401
 
 DEFAULT_TIMEOUT = 20.0
@@ -125,9 +126,9 @@ class InProcess:
         self.state_changes: list = []
 
     def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
-            timeout: Optional[float] = None) -> Outcome:
+            timeout: Optional[float] = None, form=None) -> Outcome:
         with time_limit(timeout):
-            outcome = self.execution.run(op, args, positions, grads, inplace)
+            outcome = self.execution.run(op, args, positions, grads, inplace, form)
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         return outcome
 
@@ -180,28 +181,46 @@ def raise_violations(outcome: Outcome) -> None:
 
 
 class Caller:
-    """Calls ``target(x, positions)`` under the contract. Every check goes through it."""
+    """Calls ``target(x, positions)`` under the contract, in the target's call form
+    (``ropecheck.call_forms``). Every check goes through it. ``case`` is the input being
+    checked: its q/k split and sequence lengths shape the calls made on its tensors."""
 
     def __init__(self, target, timeout: float | None = DEFAULT_TIMEOUT):
         self.target = target
         self.timeout = timeout
         self.executor = executor_of(target)
+        self.call = getattr(target, "call", "x")
+        self.case = None
+
+    def form(self, x: torch.Tensor, case=None) -> Optional[Form]:
+        """How a call on x goes to the target: the case's split where x is the case's
+        whole input, else the form's default (``Form``)."""
+        if self.call == "x":
+            return None
+        case = case or self.case
+        whole = case is not None and getattr(case, "call", "x") == self.call
+        if self.call == "qk":
+            fits = whole and case.heads + case.k_heads == x.shape[2]
+            return Form("qk", case.heads if fits else None, separate=bool(whole and case.separate))
+        fits = whole and x.shape[0] == 1 and sum(case.lengths) == x.shape[1]
+        return Form("packed", lengths=case.lengths if fits else ())
 
     @property
     def state_changes(self) -> list:
         """Process-wide state the target changed in any call so far (each restored)."""
         return self.executor.state_changes
 
-    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None) -> Outcome:
+    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
+        form = self.form(args[0], case) if len(args) == 1 else None
         outcome = self.executor.run(op, args, positions, grads, getattr(self.target, "inplace", False),
-                                    self.timeout)
+                                    self.timeout, form=form)
         if outcome.error is not None:
             raise CallError(*outcome.error)
         return outcome
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None) -> torch.Tensor:
         """y = f(x, positions); the target works on copies, checked afterwards."""
-        outcome = self.outcome("call", (x,), positions)
+        outcome = self.outcome("call", (x,), positions, case=case)
         if not isinstance(outcome.outputs, torch.Tensor):
             raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
         validate(outcome.outputs, x)

@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ropecheck.call_forms import Form, ReturnedWrong
+
 
 @dataclass
 class Outcome:
@@ -155,6 +157,15 @@ def _raised(exc: BaseException) -> tuple:
     return ("raised", f"the target raised {describe_exception(exc)}")
 
 
+def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
+    """(canonical outputs, what the target returned): fn called on args in its call form
+    (``ropecheck.call_forms``; several tensors, as xPos' (q, k), go as they are)."""
+    if form is None or form.call == "x" or len(args) != 1:
+        out = fn(*args, positions)
+        return out, out
+    return form.invoke(fn, args[0], positions)
+
+
 class Execution:
     """Runs calls of ``fn`` (any callable taking tensors then positions) in this process."""
 
@@ -177,14 +188,18 @@ class Execution:
                 outcome.violations.append(("mutated", f"the target modified its input {name} in place "
                                                       f"({_first_change(original, copy)})"))
 
-    def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False) -> Outcome:
-        """y = fn(*args, positions) on private copies."""
+    def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False,
+             form: Optional[Form] = None) -> Outcome:
+        """y = fn(*args, positions) on private copies, in the target's call form."""
         outcome = Outcome()
         copies = tuple(None if a is None else strided_copy(a) for a in args)
         pos = positions.clone()
         with state_guard(outcome.state_changes):
             try:
-                out = self.fn(*copies, pos)
+                out, returned = _invoke(self.fn, copies, pos, form)
+            except ReturnedWrong as wrong:
+                outcome.error = (wrong.kind, str(wrong))
+                return outcome
             except (Exception, SystemExit) as exc:
                 outcome.error = _raised(exc)
                 return outcome
@@ -194,18 +209,19 @@ class Execution:
                                                   f"during this call ({aliased}): it is a view of "
                                                   "the target's internal buffer"))
         outcome.outputs, outcome.returned = _normalise(out)
-        self.watch.keep(outcome.outputs)
+        self.watch.keep(_normalise(returned)[0])
         self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
         return outcome
 
-    def run(self, op: str, args: tuple, positions=None, grads=None, inplace: bool = False) -> Outcome:
+    def run(self, op: str, args: tuple, positions=None, grads=None, inplace: bool = False,
+            form: Optional[Form] = None) -> Outcome:
         """One call: ``op`` is "call" (:meth:`call`), "vjp" (:meth:`vjp`) or "plain"
-        (:meth:`plain`)."""
+        (:meth:`plain`); ``form`` the target's call form (None: x)."""
         if op == "vjp":
-            return self.vjp(args, positions, grads, inplace)
+            return self.vjp(args, positions, grads, inplace, form)
         if op == "plain":
             return self.plain(args)
-        return self.call(args, positions, inplace)
+        return self.call(args, positions, inplace, form)
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors (a position builder): its result as
@@ -221,7 +237,8 @@ class Execution:
         outcome.returned = type(out).__name__
         return outcome
 
-    def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False) -> Outcome:
+    def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False,
+            form: Optional[Form] = None) -> Outcome:
         """(y, g): y = fn(x, positions) and g = (dy/dx)^T grad through the target's autograd,
         the incoming gradient a private copy (``args`` and ``grads`` hold one tensor each)."""
         (x,), (grad,) = args, grads
@@ -232,7 +249,10 @@ class Execution:
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y = self.fn(arg, positions.clone())
+                y, _ = _invoke(self.fn, (arg,), positions.clone(), form)
+            except ReturnedWrong as wrong:
+                outcome.error = (wrong.kind, str(wrong))
+                return outcome
             except (Exception, SystemExit) as exc:
                 outcome.error = _raised(exc)
                 return outcome

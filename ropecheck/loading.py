@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ropecheck.adapters import ADAPTERS
 from ropecheck.builtins import BUILTINS, builtin
+from ropecheck.call_forms import ARITY, CALL_FORMS, check_call
 from ropecheck.execution import describe_exception
 from ropecheck.target import Target
 
@@ -63,8 +64,9 @@ def _describe(exc: BaseException) -> str:
     return describe_exception(exc)
 
 
-def check_signature(fn) -> None:
-    """The target must accept exactly the call fn(x, positions)."""
+def check_signature(fn, call: str = "x") -> None:
+    """The target must accept the call of its form: fn(x, positions), fn(q, k, positions)
+    or fn(x, cu_seqlens, positions)."""
     if not callable(fn):
         raise TargetLoadError(f"{fn!r} is not callable")
     try:
@@ -72,11 +74,12 @@ def check_signature(fn) -> None:
     except (TypeError, ValueError):
         return  # builtins and C extensions: the smoke call will tell
     try:
-        signature.bind(object(), object())
+        signature.bind(*[object()] * ARITY[call])
     except TypeError as exc:
+        hint = "" if call != "x" else "; a kernel called as rope(q, k, positions) or rope(x, cu_seqlens, positions) needs --call qk or --call packed"
         raise TargetLoadError(
-            f"the target must accept rope(x, positions); its signature is "
-            f"{getattr(fn, '__name__', 'target')}{signature}: {exc}") from None
+            f"the target must accept {CALL_FORMS[call]} (call form {call}); its signature is "
+            f"{getattr(fn, '__name__', 'target')}{signature}: {exc}{hint}") from None
 
 
 def _build_adapter(adapter) -> Target:
@@ -112,20 +115,32 @@ def resolve(spec: str):
     return obj
 
 
-def load(spec: str, **builtin_options) -> Target:
-    """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins."""
-    if spec in BUILTINS:
+def load(spec: str, call=None, **builtin_options) -> Target:
+    """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins;
+    ``call`` is its call form when the user declares it (else the target's own, or x)."""
+    if call is not None:
         try:
-            return builtin(spec, **builtin_options)
+            check_call(call)
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
-    if spec in ADAPTERS:
-        return _build_adapter(ADAPTERS[spec])
-    obj = resolve(spec)
-    if isinstance(obj, Target):
-        return obj
-    check_signature(obj)
-    return Target(name=spec, fn=obj)
+    if spec in BUILTINS:
+        try:
+            target = builtin(spec, **builtin_options)
+        except ValueError as exc:
+            raise TargetLoadError(str(exc)) from None
+    elif spec in ADAPTERS:
+        target = _build_adapter(ADAPTERS[spec])
+    else:
+        obj = resolve(spec)
+        if isinstance(obj, Target):
+            target = obj
+        else:
+            check_signature(obj, call or "x")
+            return Target(name=spec, fn=obj, call=call or "x")
+    if call is not None and call != target.call:
+        check_signature(target.fn, call)
+        target = target.with_(call=call)
+    return target
 
 
 def load_callable(spec: str, rope_signature: bool = True) -> tuple:
@@ -147,9 +162,9 @@ def load_callable(spec: str, rope_signature: bool = True) -> tuple:
 
 # --- in a worker process --------------------------------------------------------------
 
-def _target_parts(spec: str, builtin_options: dict) -> tuple:
+def _target_parts(spec: str, builtin_options: dict, call=None) -> tuple:
     """Run in the worker: (the callable, the target's description without it)."""
-    target = load(spec, **builtin_options)
+    target = load(spec, call, **builtin_options)
     return target.fn, target.with_(fn=None)
 
 
@@ -163,9 +178,9 @@ def _start(loader: str, args: tuple):
         raise TargetLoadError(str(exc)) from None
 
 
-def load_isolated(spec: str, **builtin_options) -> Target:
+def load_isolated(spec: str, call=None, **builtin_options) -> Target:
     """Like :func:`load`, with the target imported and called in a worker process."""
-    worker, target = _start("ropecheck.loading:_target_parts", (spec, builtin_options))
+    worker, target = _start("ropecheck.loading:_target_parts", (spec, builtin_options, call))
     return target.with_(fn=worker.function, executor=worker)
 
 

@@ -39,6 +39,7 @@ class TargetSpec:
     scaling: Optional[str] = None  # a --scaling value (reference.scaling.parse)
     max_position: Optional[int] = None  # the declared position range [0, N] (--max-position)
     in_process: bool = False  # call the target in this process, not in a worker
+    call: Optional[str] = None  # the call form (--call); None: what the target declares
 
     @property
     def name(self) -> str:
@@ -52,7 +53,7 @@ class TargetSpec:
                                          ("layout", self.layout), ("scaling", scaling))
                        if v is not None}
             loader = load if self.in_process else load_isolated
-            target = loader(self.name, **(options if self.name in BUILTINS else {}))
+            target = loader(self.name, self.call, **(options if self.name in BUILTINS else {}))
             convention = target.convention
             if self.layout is not None:
                 convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim,

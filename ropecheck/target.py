@@ -1,8 +1,8 @@
-"""Targets: an implementation brought to the canonical call ``rope(x, positions) -> y``.
-
-x is (batch, seq, heads, head_dim), positions int64 (batch, seq); y has x's shape and
-dtype. A target also declares its convention (what the reference must compute) and its
-capabilities (what may be asked of it).
+"""Targets: an implementation in one of the call forms of ``ropecheck.call_forms``:
+``rope(x, positions) -> y`` (x (batch, seq, heads, head_dim), positions int64 (batch,
+seq); y has x's shape and dtype), ``rope(q, k, positions) -> (q_out, k_out)`` or packed
+``rope(x, cu_seqlens, positions) -> y``. A target also declares its convention (what the
+reference must compute) and its capabilities (what may be asked of it).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 
 import reference
 from reference.scaling import Scaling
+from ropecheck.call_forms import check_call
 from ropecheck.dtypes import DTYPES
 
 
@@ -108,10 +109,13 @@ class Target:
     rotary_dim: Optional[int] = None
     description: str = ""
     max_position: Optional[int] = None  # largest position accepted (a fixed-length cache)
+    call: str = "x"  # its call form (ropecheck.call_forms): x, qk or packed
+    k_optional: bool = False  # qk: accepts k=None
     # where calls run: a ropecheck.worker.Worker, or None for this process
     executor: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        check_call(self.call)
         if self.convention is not None and self.convention.rotary_dim is not None:
             object.__setattr__(self, "rotary_dim", self.convention.rotary_dim)
 

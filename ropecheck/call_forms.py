@@ -1,0 +1,168 @@
+"""Call forms: how one canonical call ``f(x, positions)`` becomes a call of the target in
+the form its library really has, and how its outputs become the canonical ``y``.
+
+Every property speaks the canonical form: x (batch, seq, heads, head_dim), positions
+int64 (batch, seq), y like x. A target declares one of
+- ``x``: ``rope(x, positions) -> y`` (the canonical form itself);
+- ``qk``: ``rope(q, k, positions) -> (q_out, k_out)``: x's heads [0, q_heads) are q, the
+  others k (GQA / MQA: k_heads divides q_heads), both rotated at the same positions; with
+  no k heads the target gets ``k=None`` (declared ``k_optional``) and y is q_out. q and k
+  are views of x's storage (slices of one fused projection) or, ``separate``, tensors of
+  their own with the same strides; what a target writes into them is written back into
+  x, so the contract sees an input modified in place as it is;
+- ``packed``: ``rope(x, cu_seqlens, positions) -> y`` on x (total, heads, head_dim) (thd),
+  cu_seqlens int32 (n + 1,) with empty sequences allowed, positions int64 (total,), each
+  token's absolute position. The canonical x is (1, total, heads, head_dim). A call on
+  some tokens of a packed batch (a prefill, one decode token) is itself a packed batch:
+  without the case's sequence lengths, a sequence ends where positions stop counting up.
+
+A :class:`Form` travels with each call to the process that runs the target
+(``ropecheck.execution``); nothing here judges values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+CALL_FORMS = {
+    "x": "rope(x, positions) -> y",
+    "qk": "rope(q, k, positions) -> (q_out, k_out)",
+    "packed": "rope(x, cu_seqlens, positions) -> y",
+}
+# positional arguments of each form (the loader checks a target's signature with them)
+ARITY = {"x": 2, "qk": 3, "packed": 3}
+
+
+def check_call(call: str) -> str:
+    if call not in CALL_FORMS:
+        raise ValueError(f"unknown call form {call!r}; known: {', '.join(CALL_FORMS)}")
+    return call
+
+
+class ReturnedWrong(Exception):
+    """The target's outputs do not fit its call form (a contract finding of ``kind``)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def segment_lengths(positions: np.ndarray) -> tuple:
+    """Sequence lengths of a packed row whose sequences are not known: a new one starts
+    where a position is not its predecessor + 1."""
+    p = np.asarray(positions, dtype=np.int64).reshape(-1)
+    if p.size == 0:
+        return ()
+    starts = np.flatnonzero(np.diff(p) != 1) + 1
+    edges = np.concatenate(([0], starts, [p.size]))
+    return tuple(int(n) for n in np.diff(edges))
+
+
+def cu_seqlens(lengths) -> torch.Tensor:
+    return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class Form:
+    """One canonical call in the target's form: ``call``, and for ``qk`` where q ends and
+    how q and k are stored, for ``packed`` the sequence lengths (empty ones included)."""
+
+    call: str = "x"
+    q_heads: Optional[int] = None  # qk: heads [0, q_heads) of x are q (None: all but the last)
+    separate: bool = False  # qk: q and k in storages of their own
+    lengths: tuple = ()  # packed: sequence lengths; () = found from the positions
+
+    def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
+        """(canonical y, the tensors the target returned) for fn called on x in this form."""
+        if self.call == "qk":
+            return self._qk(fn, x, positions)
+        if self.call == "packed":
+            return self._packed(fn, x, positions)
+        out = fn(x, positions)
+        return out, out
+
+    # --- qk -----------------------------------------------------------------------------
+    def split(self, heads: int, k_optional: bool = True) -> int:
+        """q's head count for x with ``heads`` heads."""
+        if self.q_heads is not None and self.q_heads <= heads:
+            return self.q_heads
+        return heads if heads == 1 and k_optional else max(heads - 1, 1)
+
+    def _qk(self, fn, x, positions):
+        heads = x.shape[2]
+        hq = self.split(heads)
+        if self.separate and not x.requires_grad:
+            q_store, k_store = _own_storage(x), _own_storage(x)
+        else:
+            q_store = k_store = x
+        q = q_store[:, :, :hq]
+        k = k_store[:, :, hq:] if hq < heads else None
+        if heads == 1 and self.q_heads is None and k is None:
+            k = _own_storage(x)  # the smallest call: q and k one head each, same values
+        out = fn(q, k, positions)
+        if self.separate and not x.requires_grad:  # what the target wrote into q, k
+            with torch.no_grad():
+                x[:, :, :hq].copy_(q)
+                if hq < heads:
+                    x[:, :, hq:].copy_(k)
+        q_out, k_out = _qk_outputs(out, k is not None)
+        _fits("q_out", q_out, q)
+        if k is None or hq == heads:
+            return q_out, out
+        _fits("k_out", k_out, k)
+        return torch.cat((q_out, k_out), dim=2), out
+
+    # --- packed -------------------------------------------------------------------------
+    def _packed(self, fn, x, positions):
+        batch, seq, heads, head_dim = x.shape
+        rows = positions.cpu().numpy()
+        if batch == 1 and sum(self.lengths) == seq:
+            lengths = self.lengths
+        else:
+            lengths = tuple(n for row in rows for n in segment_lengths(row))
+        tokens = x.reshape(batch * seq, heads, head_dim)  # a view for batch 1
+        cu = cu_seqlens(lengths).to(x.device)
+        flat = positions.reshape(batch * seq).contiguous()
+        out = fn(tokens, cu, flat)
+        if not isinstance(out, torch.Tensor):
+            raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor "
+                                        "(total, heads, head_dim)")
+        _fits("y", out, tokens)
+        return out.reshape(x.shape), out
+
+
+def _own_storage(x: torch.Tensor) -> torch.Tensor:
+    """A tensor laid out as x (sizes, strides, offset) in a storage of its own."""
+    from ropecheck.execution import strided_copy
+    return strided_copy(x)
+
+
+def _kind(out) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}"
+    return type(out).__name__
+
+
+def _qk_outputs(out, has_k: bool):
+    if isinstance(out, torch.Tensor) and not has_k:
+        return out, None
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected (q_out, k_out)")
+    q_out, k_out = out
+    if has_k and k_out is None:
+        raise ReturnedWrong("type", "the target returned no k_out for a k it was given")
+    return q_out, k_out
+
+
+def _fits(name: str, out, given: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise ReturnedWrong("type", f"{name} is {type(out).__name__}, expected a torch.Tensor")
+    if tuple(out.shape) != tuple(given.shape):
+        raise ReturnedWrong("shape", f"{name} has shape {tuple(out.shape)}, its input "
+                                     f"{tuple(given.shape)}")
+    if out.dtype != given.dtype:
+        raise ReturnedWrong("dtype", f"{name} has dtype {out.dtype}, its input {given.dtype}")
