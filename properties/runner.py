@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
@@ -135,6 +136,15 @@ def _reproduce_line(exc: BaseException, command: str) -> str:
             blob = note[note.index("@reproduce_failure"):].split(" as a decorator")[0]
             return f"{command}  (in Python: {blob})"
     return command
+
+
+def replay_pytest_command(config, name: str, dtype: str) -> str:
+    """The pytest invocation that replays one check (the pytest front door's reproduce
+    line): this run's arguments (``config``: pytest's), its seed, and -k."""
+    args = [a for a in config.invocation_params.args if not a.startswith("--rope-seed")]
+    seed = config.getoption("--rope-seed")
+    return shlex.join(["pytest", *args] + ([f"--rope-seed={seed}"] if seed is not None else [])
+                      + ["-k", f"{name} and {dtype}"])
 
 
 class Seen:

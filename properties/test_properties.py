@@ -3,9 +3,8 @@
 import pytest
 
 from properties.checks import PROPERTIES
-from properties.runner import run_property
+from properties.runner import replay_pytest_command, run_property
 from ropecheck.calling import TargetHung
-from ropecheck.pytest_plugin import reproduce_hint
 
 _hung = []
 
@@ -31,7 +30,7 @@ def test_property(name, rope_range, rope_dtype, rope_options, request):
         pytest.skip(f"the target hung earlier ({_hung[0]})")
     try:
         result = run_property(PROPERTIES[name], rope_range[1], rope_dtype, rope_options,
-                              reproduce_hint=reproduce_hint(request.config, name, rope_dtype))
+                              reproduce_hint=replay_pytest_command(request.config, name, rope_dtype))
     except TargetHung as exc:
         _hung.append(f"{name}, {rope_dtype}")
         pytest.fail(f"{name} ({rope_dtype}): {exc}", pytrace=False)

@@ -25,6 +25,7 @@ from ropecheck.nd import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilySpec, check
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
                               write_json, write_junit, write_unusable)
 from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
+from ropecheck.target import CALL_FORMS
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -70,6 +71,51 @@ class RecordedCommand(click.Command):
         except click.UsageError as exc:
             Records.from_args(raw).unusable(f"usage error: {exc.format_message()}")
             raise
+
+
+class GroupedOption(click.Option):
+    """An option that --help lists under the heading of what it configures."""
+
+    def __init__(self, *args, group: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+class GroupedArgument(click.Argument):
+    """An argument with a row in its --help group (click before 8.5 has no help for
+    arguments, and 8.5 would list it in a section of its own)."""
+
+    def __init__(self, *args, group: str, description: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group, self.description = group, description
+
+
+OTHER_OPTIONS = "Other options"
+
+
+class GroupedCommand(RecordedCommand):
+    """A command whose --help lists its parameters under group headings, in the order the
+    groups first appear; what is in no group (--help) comes last."""
+
+    def format_options(self, ctx, formatter):
+        groups: dict = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, GroupedArgument):
+                row = (param.human_readable_name, param.description)
+            elif isinstance(param, click.Argument):
+                continue
+            else:
+                row = param.get_help_record(ctx)
+            if row is not None:
+                groups.setdefault(getattr(param, "group", OTHER_OPTIONS), []).append(row)
+        for title, rows in sorted(groups.items(), key=lambda item: item[0] == OTHER_OPTIONS):
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def grouped(group: str):
+    """``click.option`` for the options of one --help group."""
+    return lambda *decls, **attrs: click.option(*decls, cls=GroupedOption, group=group, **attrs)
 
 
 def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, extra=()) -> str:
@@ -132,57 +178,74 @@ def finish(code: int):
 MAX_POSITION_RANGE = click.IntRange(255, 2**24)
 
 
-@main.command(cls=RecordedCommand)
-@click.argument("target", required=False)
-@click.option("--layout", type=click.Choice(LAYOUTS),
-              help="Pairing layout. Without it only spec-free checks run.")
-@click.option("--base", type=float, help="Frequency base (default 10000).")
-@click.option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
-@click.option("--scaling", help="Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, "
-              "yarn, llama3, longrope), a JSON object of HF rope_parameters, or @file.json.")
-@click.option("--max-position", type=MAX_POSITION_RANGE,
-              help="Declared position range: positions 0 .. N are drawn, shifted into and swept "
-                   "(default 2^24 = 16777216; at least 255).")
-@click.option("--dtype", "dtypes", multiple=True,
-              help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
-@click.option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
-@click.option("--inplace", is_flag=True, help="The target writes its output into x and returns it.")
-@click.option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
-              help="Example budget: ci (derandomized), dev, thorough.")
-@click.option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
-@click.option("--property", "property_names", multiple=True, help="Run only these properties.")
-@click.option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
-@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
-              help="Seconds one call of the target may take.")
-@click.option("--strict-layouts", is_flag=True,
-              help="A refusal of an exotic memory layout (the layouts probe) fails instead of "
-                   "being a support note.")
-@click.option("--in-process", is_flag=True,
-              help="Call the target in ropecheck's own process, not in a worker process (for a "
-                   "target that cannot be imported twice; a crash then ends ropecheck).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
-@click.option("--known-failures", "known_paths", multiple=True, type=click.Path(dir_okay=False),
-              help="TOML file of known failures (repeatable); they show as 'known', not failed.")
-@click.option("--no-known-failures", is_flag=True,
-              help="Ignore the known failures shipped with ropecheck for its adapters.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
-@click.option("--family", type=click.Choice(ND_FAMILIES),
-              help="N-D / multimodal target: axial, mrope, nd, or a position builder "
-                   "(rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> "
-                   "(q_out, k_out). See README 'N-D and multimodal'.")
-@click.option("--axes", type=int, help="With --family: number of position axes.")
-@click.option("--sections", help="With --family mrope: rotated pairs per axis, e.g. 16,24,24.")
-@click.option("--mrope-interleaved", is_flag=True,
-              help="With --family mrope: sections interleaved over the pairs (Qwen3-VL), not in chunks.")
-@click.option("--split", help="With --family axial: features per axis, e.g. 32,32 (default equal).")
-@click.option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
-@click.option("--scale-base", type=float, help="With --family xpos: the scale base s of zeta^(m/s) (default 512).")
-@click.option("--gamma", type=float, help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
+TARGET_GROUP = "Target"
+target_option = grouped(TARGET_GROUP)
+convention_option = grouped("Convention (what the target computes)")
+family_option = grouped("Family (N-D, multimodal, position builders, xPos)")
+run_option = grouped("Run")
+output_option = grouped("Output")
+
+
+@main.command(cls=GroupedCommand)
+@click.argument("target", required=False, cls=GroupedArgument, group=TARGET_GROUP,
+                description="path/to/file.py:func, package.module:attr or a built-in name "
+                            "(default: the built-in rotate-half).")
+@target_option("--call", type=click.Choice(CALL_FORMS),
+               help="The target's call form: x = rope(x, positions) -> y; qk = rope(q, k, positions) -> "
+                    "(q_out, k_out) with k_heads dividing q_heads; packed = rope(x, cu_seqlens, positions) "
+                    "-> y on (total, heads, head_dim). Default: what the target declares, else x.")
+@target_option("--in-process", is_flag=True,
+               help="Call the target in ropecheck's own process, not in a worker process (for a "
+                    "target that cannot be imported twice; a crash then ends ropecheck).")
+@target_option("--max-position", type=MAX_POSITION_RANGE,
+               help="Declared position range: positions 0 .. N are drawn, shifted into and swept "
+                    "(default 2^24 = 16777216; at least 255).")
+@target_option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
+@target_option("--inplace", is_flag=True, help="The target writes its output into x and returns it.")
+@convention_option("--layout", type=click.Choice(LAYOUTS),
+                   help="Pairing layout. Without it only spec-free checks run.")
+@convention_option("--base", type=float, help="Frequency base (default 10000).")
+@convention_option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
+@convention_option("--scaling", help="Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, "
+                   "yarn, llama3, longrope), a JSON object of HF rope_parameters, or @file.json.")
+@family_option("--family", type=click.Choice(ND_FAMILIES),
+               help="N-D / multimodal target: axial, mrope, nd, or a position builder "
+                    "(rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> "
+                    "(q_out, k_out). See README 'N-D and multimodal'.")
+@family_option("--axes", type=int, help="With --family: number of position axes.")
+@family_option("--sections", help="With --family mrope: rotated pairs per axis, e.g. 16,24,24.")
+@family_option("--mrope-interleaved", is_flag=True,
+               help="With --family mrope: sections interleaved over the pairs (Qwen3-VL), not in chunks.")
+@family_option("--split", help="With --family axial: features per axis, e.g. 32,32 (default equal).")
+@family_option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
+@family_option("--scale-base", type=float,
+               help="With --family xpos: the scale base s of zeta^(m/s) (default 512).")
+@family_option("--gamma", type=float,
+               help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
+@run_option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
+            help="Example budget: ci (derandomized), dev, thorough.")
+@run_option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
+@run_option("--dtype", "dtypes", multiple=True,
+            help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
+@run_option("--property", "property_names", multiple=True, help="Run only these properties.")
+@run_option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
+@run_option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+            help="Seconds one call of the target may take.")
+@run_option("--strict-layouts", is_flag=True,
+            help="A refusal of an exotic memory layout (the layouts probe) fails instead of "
+                 "being a support note.")
+@run_option("--known-failures", "known_paths", multiple=True, type=click.Path(dir_okay=False),
+            help="TOML file of known failures (repeatable); they show as 'known', not failed.")
+@run_option("--no-known-failures", is_flag=True,
+            help="Ignore the known failures shipped with ropecheck for its adapters.")
+@output_option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
+@output_option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
+@output_option("--debug", is_flag=True, help="Show tracebacks.")
 def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_backward, inplace,
           profile, seed, property_names, max_examples, timeout, strict_layouts, in_process,
           json_path, junit_path, known_paths, no_known_failures, debug, family=None, axes=None,
-          sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None):
+          sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None,
+          call=None):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)

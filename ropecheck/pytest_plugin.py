@@ -6,14 +6,13 @@ xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
 
 from __future__ import annotations
 
-import shlex
-
 import pytest
 
-from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
+from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
                                probe_position_range, resolve_dtypes, warm_up)
+from ropecheck.target import CALL_FORMS
 
 
 def pytest_addoption(parser):
@@ -39,6 +38,9 @@ def pytest_addoption(parser):
                     help="a refusal of an exotic memory layout fails instead of being a note")
     group.addoption("--rope-in-process", action="store_true",
                     help="call the target in pytest's process, not in a worker process")
+    group.addoption("--rope-call", choices=CALL_FORMS, default=None,
+                    help="the target's call form, as ropecheck check --call (default: what the "
+                         "target declares, else x)")
 
 
 def _spec(config) -> TargetSpec:
@@ -92,14 +94,6 @@ def pytest_report_header(config):
     return []
 
 
-def reproduce_hint(config, name: str, dtype: str) -> str:
-    """The invocation that replays one check: this run's arguments, its seed, and -k."""
-    args = [a for a in config.invocation_params.args if not a.startswith("--rope-seed")]
-    seed = config.getoption("--rope-seed")
-    return shlex.join(["pytest", *args] + ([f"--rope-seed={seed}"] if seed is not None else [])
-                      + ["-k", f"{name} and {dtype}"])
-
-
 @pytest.fixture(scope="session")
 def rope_target(request):
     try:
@@ -141,5 +135,6 @@ def rope_range(rope_callable, rope_dtype, rope_options, request):
     probed once per dtype."""
     if rope_dtype not in _ranges:
         _ranges[rope_dtype] = probe_position_range(
-            rope_callable, rope_dtype, rope_options, reproduce_hint(request.config, "position-range", rope_dtype))
+            rope_callable, rope_dtype, rope_options,
+            replay_pytest_command(request.config, "position-range", rope_dtype))
     return _ranges[rope_dtype]

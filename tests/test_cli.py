@@ -441,6 +441,64 @@ def test_junit_report_of_a_passing_target(tmp_path):
     assert suite.findall(".//failure") == [] and suite.findall(".//error") == []
 
 
+# --- check --help and --call -------------------------------------------------------------
+
+HELP_GROUPS = {
+    "Target": ("TARGET", "--call", "--in-process", "--max-position", "--no-backward", "--inplace"),
+    "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
+    "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
+               "--scale-base", "--gamma"),
+    "Run": ("--profile", "--seed", "--dtype", "--property", "--max-examples", "--timeout",
+            "--strict-layouts", "--known-failures", "--no-known-failures"),
+    "Output": ("--json", "--junit", "--debug"),
+}
+
+
+def help_sections(text: str) -> dict:
+    """{heading's first word: the flags (and TARGET) at the start of its rows}."""
+    sections, current = {}, None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = sections.setdefault(line.split()[0].rstrip(":"), [])
+        elif current is not None and line.startswith("  ") and line[2:3] not in ("", " "):
+            current.append(line.split()[0].rstrip(","))
+    return sections
+
+
+def test_check_help_groups_the_options_by_what_they_configure():
+    result = run_cli("check", "--help")
+    assert result.exit_code == 0, result.output
+    sections = help_sections(result.output)
+    assert list(sections) == [*HELP_GROUPS, "Other"], result.output
+    for title, flags in HELP_GROUPS.items():
+        assert sections[title] == list(flags), (title, result.output)
+    assert sections["Other"] == ["-h"]  # -h, --help
+    # every option of the command is in exactly one group
+    command = main.commands["check"]
+    declared = {opt for p in command.params for opt in p.opts if opt.startswith("--")}
+    assert declared == {f for flags in HELP_GROUPS.values() for f in flags if f != "TARGET"}
+
+
+@pytest.mark.parametrize("form", ["x", "qk", "packed", None])
+def test_call_is_parsed_and_stored(form):
+    words = ["--call", form] if form else []
+    ctx = main.commands["check"].make_context("check", [*words, "--layout", "half"])
+    assert ctx.params["call"] == form
+    assert ctx.params["layout"] == "half"
+
+
+def test_unknown_call_form_is_a_usage_error():
+    result = check("--call", "pair", *FP32, *FAST)
+    assert result.exit_code == 2
+    assert "--call" in result.output
+
+
+def test_call_does_not_change_a_run_yet():
+    result = check("--call", "x", "--property", "identity", *FP32, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "PASSED" in result.output
+
+
 # --- list ------------------------------------------------------------------------------
 
 def test_list_names_the_builtins():

@@ -102,6 +102,24 @@ def test_reproduce_hint_names_the_target(pytester):
     assert all("--rope-target flipped.py:rope" in h and "--rope-layout half" in h for h in hints), hints
 
 
+def test_rope_call_is_parsed_and_stored(pytester):
+    pytester.makeconftest('''
+        def pytest_report_header(config):
+            return [f"rope_call={config.getoption('rope_call')!r}"]
+    ''')
+    result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "qk", "-k", "identity")
+    result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
+    result.stdout.fnmatch_lines(["rope_call='qk'"])
+    result = run(pytester, "--rope-target", "rotate-half", "-k", "identity")
+    result.stdout.fnmatch_lines(["rope_call=None"])
+
+
+def test_unknown_rope_call_is_a_usage_error(pytester):
+    result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "pair")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--rope-call" in result.stderr.str()
+
+
 def test_unloadable_target_is_a_clean_usage_error(pytester):
     result = run(pytester, "--rope-target", "missing.py:rope")
     out = result.stdout.str() + result.stderr.str()
