@@ -25,7 +25,7 @@ from ropecheck.nd import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilySpec, check
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
                               write_json, write_junit, write_unusable)
 from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
-from ropecheck.target import CALL_FORMS
+from ropecheck.call_forms import CALL_FORMS
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -120,6 +120,8 @@ def grouped(group: str):
 
 def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, extra=()) -> str:
     words = ["ropecheck", "check"] + ([argv_target] if argv_target else [])
+    if spec.call:
+        words += ["--call", spec.call]
     if spec.layout:
         words += ["--layout", spec.layout]
     if spec.base is not None:
@@ -190,7 +192,7 @@ output_option = grouped("Output")
 @click.argument("target", required=False, cls=GroupedArgument, group=TARGET_GROUP,
                 description="path/to/file.py:func, package.module:attr or a built-in name "
                             "(default: the built-in rotate-half).")
-@target_option("--call", type=click.Choice(CALL_FORMS),
+@target_option("--call", type=click.Choice(tuple(CALL_FORMS)),
                help="The target's call form: x = rope(x, positions) -> y; qk = rope(q, k, positions) -> "
                     "(q_out, k_out) with k_heads dividing q_heads; packed = rope(x, cu_seqlens, positions) "
                     "-> y on (total, heads, head_dim). Default: what the target declares, else x.")
@@ -253,6 +255,9 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
                          strict_layouts=strict_layouts)
     if family or (target in ND_ADAPTERS):
+        if call not in (None, "x"):
+            _fail(console, f"--call {call} is not available with --family: the N-D families take "
+                           "rope(x, positions), xPos takes (q, k, positions)", records=records)
         sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
                                                   axes, sections, split, layout,
                                                   nd_base or (None if base is None else f"{base:g}"),
@@ -261,7 +266,7 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
                               dtypes, property_names, options, json_path, junit_path, debug,
                               (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
     spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
-                      scaling=scaling, max_position=max_position, in_process=in_process)
+                      scaling=scaling, max_position=max_position, in_process=in_process, call=call)
     try:
         properties = selected_properties(property_names)
         defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)

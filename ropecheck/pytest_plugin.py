@@ -12,7 +12,7 @@ from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pyte
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
                                probe_position_range, resolve_dtypes, warm_up)
-from ropecheck.target import CALL_FORMS
+from ropecheck.call_forms import CALL_FORMS
 
 
 def pytest_addoption(parser):
@@ -38,7 +38,7 @@ def pytest_addoption(parser):
                     help="a refusal of an exotic memory layout fails instead of being a note")
     group.addoption("--rope-in-process", action="store_true",
                     help="call the target in pytest's process, not in a worker process")
-    group.addoption("--rope-call", choices=CALL_FORMS, default=None,
+    group.addoption("--rope-call", choices=tuple(CALL_FORMS), default=None,
                     help="the target's call form, as ropecheck check --call (default: what the "
                          "target declares, else x)")
 
@@ -48,7 +48,8 @@ def _spec(config) -> TargetSpec:
     return TargetSpec(get("--rope-target"), get("--rope-layout"), get("--rope-base"),
                       get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
                       inplace=get("--rope-inplace"), scaling=get("--rope-scaling"),
-                      max_position=get("--rope-max-position"), in_process=get("--rope-in-process"))
+                      max_position=get("--rope-max-position"), in_process=get("--rope-in-process"),
+                      call=get("--rope-call"))
 
 
 def _target(config):

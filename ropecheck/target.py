@@ -18,10 +18,6 @@ from reference.scaling import Scaling
 from ropecheck.call_forms import check_call
 from ropecheck.dtypes import DTYPES
 
-# How a target is called (``ropecheck check --call``): x = rope(x, positions) -> y (the
-# canonical call above); qk = rope(q, k, positions) -> (q_out, k_out), k's heads dividing
-# q's; packed = rope(x, cu_seqlens, positions) -> y on (total, heads, head_dim).
-CALL_FORMS = ("x", "qk", "packed")
 
 
 @dataclass(frozen=True)
