@@ -1,20 +1,36 @@
-"""The call forms (issue 11): kernels written in production signatures,
-``rope(q, k, positions)`` (call qk), ``rope(x, cu_seqlens, positions)`` (call packed)
-and ``rope(x, positions)`` (call x), from tests/call_form_kernels.py, checked alone
-against the float64 reference: the correct ones agree, each broken one disagrees exactly
-on the inputs that expose it and agrees on the others. They guard the kernels, so that a
-verdict of ropecheck on them is about ropecheck, not the kernel.
+"""The call forms (issue 11): ropecheck on kernels written in production signatures,
+``rope(q, k, positions)`` (--call qk), ``rope(x, cu_seqlens, positions)`` (--call packed)
+and ``rope(x, positions)`` (--call x), from tests/call_form_kernels.py.
+
+Two halves:
+- the kernels alone, against the float64 reference: the correct ones agree, each broken
+  one disagrees exactly on the inputs that expose it and agrees on the others (cheap;
+  they guard the kernels, so that a verdict below is about ropecheck, not the kernel);
+- ropecheck on them through the CLI (in-process, as tests/test_cli.py runs it): every
+  correct kernel passes, every broken one fails with a finding that names its form.
+  The second half needs the call-form engine (Target(call=...), --call); without it it
+  is skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import reference
+from properties.checks import PROPERTIES
+from properties.runner import RunOptions
+from ropecheck.target import Convention, Target
 from tests import call_form_kernels as kernels
+from tests.test_cli import FP32, check
+
+KERNELS = Path(kernels.__file__).resolve()
 
 # float32 agreement with the float64 reference at positions below 64 (HF-style float32
 # angles: about 64 * 2^-24 rad), and the least error a broken kernel must show there
@@ -196,3 +212,146 @@ def test_x_fast_path_kernel_is_wrong_from_2_14_tokens_x_heads(case):
     e = error(kernels.x_fast_path_bug(x, positions), x, positions)
     assert e > DISAGREE if wrong else e < AGREE
 
+
+# --- ropecheck on the kernels: needs the call-form engine ------------------------------------
+
+ENGINE = "call" in {f.name for f in dataclasses.fields(Target)}
+needs_engine = pytest.mark.skipif(
+    not ENGINE, reason="the call-form engine (issue 11: Target(call=...), ropecheck check --call) is not here")
+
+
+def run_ropecheck(tmp_path: Path, name: str, form: str, *args: str):
+    """``ropecheck check tests/call_form_kernels.py:NAME --call FORM --layout half
+    --profile ci --dtype float32 ARGS``; the result and its JSON report."""
+    out = tmp_path / f"{name}.json"
+    result = check(f"{KERNELS}:{name}", "--call", form, "--layout", "half", "--profile", "ci",
+                   *FP32, "--json", str(out), *args)
+    assert out.exists(), result.output
+    return result, json.loads(out.read_text())
+
+
+def failures(report: dict) -> list[str]:
+    """What each failed result says: its message, counterexample and diagnosis."""
+    return [" | ".join(filter(None, (r["property"], r.get("message"), r.get("counterexample"),
+                                     r.get("diagnosis"))))
+            for r in report["results"] if r["status"] == "failed"]
+
+
+def qk_shapes(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The (q shape, k shape) pairs a qk case description names, e.g.
+    ``call qk: q (2, 3, 4, 8), k (2, 3, 1, 8)``."""
+    shape = r"\((\d+), (\d+), (\d+), (\d+)\)"
+    return [(tuple(map(int, m[:4])), tuple(map(int, m[4:])))
+            for m in re.findall(rf"\bq:?\s*(?:shape\s*)?{shape}.*?\bk:?\s*(?:shape\s*)?{shape}", text)]
+
+
+def cu_seqlens_lists(text: str) -> list[list[int]]:
+    """The cu_seqlens a packed case description names, e.g. ``cu_seqlens [0, 3, 3, 5]``."""
+    return [list(map(int, re.findall(r"-?\d+", m)))
+            for m in re.findall(r"cu_seqlens\W{0,4}[\[(]([\d,\s]*)[\])]", text)]
+
+
+def has_empty_before_nonempty(cu: list[int]) -> bool:
+    lengths = np.diff(cu)
+    return any(a == 0 and b > 0 for a, b in zip(lengths, lengths[1:]))
+
+
+K_NAMED = r"\bk\b|k_heads|k head"
+# name, form, properties to run (none: the default run), patterns one finding must all
+# match (the form it exposes), and a check of the shapes a qk finding names
+BROKEN = {
+    "qk_k_unrotated_mqa": ("qk", ("reference",), (r"\bqk\b", K_NAMED),
+                           lambda q, k: k[2] == 1),
+    "qk_k_wrong_head": ("qk", ("reference",), (r"\bqk\b", K_NAMED),
+                        lambda q, k: 1 < k[2] < q[2]),
+    "qk_k_row0_positions": ("qk", ("reference",), (r"\bqk\b", K_NAMED),
+                            lambda q, k: k[0] > 1),
+    "qk_bad_k_backward": ("qk", ("backward", "inverse"), (r"\bqk\b", K_NAMED), None),
+    "packed_restart": ("packed", ("reference",), (r"cu_seqlens",), None),
+    "packed_prev_offset": ("packed", ("reference",), (r"cu_seqlens",), None),
+    "packed_empty_skip": ("packed", ("reference",), (r"cu_seqlens",), None),
+}
+
+
+@needs_engine
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_kernel_fails_naming_its_form(tmp_path, name):
+    form, properties, patterns, shapes_ok = BROKEN[name]
+    args = [a for p in properties for a in ("--property", p)]
+    result, report = run_ropecheck(tmp_path, name, form, *args)
+    assert result.exit_code == 1, result.output
+    found = failures(report)
+    assert found, result.output
+    naming = [text for text in found if all(re.search(p, text) for p in patterns)]
+    assert naming, f"no finding names the {form} form {patterns}:\n" + "\n".join(found)
+    if shapes_ok is not None:
+        shapes = [pair for text in naming for pair in qk_shapes(text)]
+        assert shapes, "no q/k shapes in:\n" + "\n".join(naming)
+        assert any(shapes_ok(q, k) for q, k in shapes), shapes
+    if name == "packed_empty_skip":  # only an empty sequence before a non-empty one exposes it
+        lists = [cu for text in naming for cu in cu_seqlens_lists(text)]
+        assert lists, "no cu_seqlens in:\n" + "\n".join(naming)
+        assert any(has_empty_before_nonempty(cu) for cu in lists), lists
+
+
+@needs_engine
+def test_x_fast_path_bug_fails_the_default_run(tmp_path):
+    """THE DEFAULT RUN (no --property, no --max-examples): only the large fixed inputs the
+    engine adds (tokens x heads 2^14 and 2^15 + 1, head_dim 256) reach the fast path, and
+    the default run must include them."""
+    result, report = run_ropecheck(tmp_path, "x_fast_path_bug", "x")
+    assert result.exit_code == 1, result.output
+    found = failures(report)
+    assert found, result.output
+    shapes = [tuple(map(int, m)) for text in found
+              for m in re.findall(r"\((\d+), (\d+), (\d+), (\d+)\)", text)]
+    assert any(b * s * h >= kernels.FAST_PATH_MIN for b, s, h, _ in shapes), "\n".join(found)
+
+
+@needs_engine
+@pytest.mark.parametrize("name, form", [
+    ("qk_correct", "qk"),
+    ("packed_correct", "packed"),
+    # its offsets are right only if every call ropecheck makes keeps positions offset + arange
+    ("packed_offsets_correct", "packed"),
+    ("sbhd_correct", "x"),
+])
+def test_correct_kernel_passes_the_default_run(tmp_path, name, form):
+    result, report = run_ropecheck(tmp_path, name, form)
+    assert result.exit_code == 0, result.output
+    statuses = {r["property"]: r["status"] for r in report["results"]}
+    assert set(statuses.values()) <= {"passed", "skipped"}, statuses
+    # a form may leave out a property its calls cannot express, never these
+    assert all(statuses.get(p) == "passed" for p in ("contract", "reference", "backward")), statuses
+
+
+@needs_engine
+def test_optional_k_kernel_passes_with_k(tmp_path):
+    """On the CLI k is always given (k_optional is declared only by a Target or Adapter)."""
+    result, _ = run_ropecheck(tmp_path, "qk_optional_k", "qk", "--property", "reference",
+                              "--property", "backward")
+    assert result.exit_code == 0, result.output
+
+
+def run_declared(fn, **declared):
+    """Every property, in this process, on a qk Target declared with ``declared``."""
+    from ropecheck.session import Session
+
+    target = Target(name=fn.__name__, fn=fn, convention=Convention("half"), **declared)
+    session = Session(target, ["float32"], list(PROPERTIES.values()), RunOptions(profile="ci"))
+    session.run()
+    return session
+
+
+@needs_engine
+def test_optional_k_kernel_passes_when_k_may_be_none():
+    session = run_declared(kernels.qk_optional_k, call="qk", k_optional=True)
+    assert session.verdict == "passed", [(r.property, r.message) for r in session.results
+                                         if r.status != "passed"]
+
+
+@needs_engine
+def test_declared_optional_k_is_called_without_k():
+    """A kernel that needs k, declared k_optional: the k=None calls must find it out."""
+    session = run_declared(kernels.qk_correct, call="qk", k_optional=True)
+    assert session.verdict == "failed"
