@@ -144,7 +144,7 @@ class Case:
             return f"call qk: q {(b, s, h, d)}, {k} ({where})"
         if self.call == "packed":
             cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
-            return f"call packed: x {(s, h, d)}, cu_seqlens {_short(np.asarray(cu))}"
+            return f"call packed: x {(s, h, d)}, cu_seqlens [{_short(np.asarray(cu))}]"
         return f"x: shape {self.shape}"
 
 

@@ -8,13 +8,10 @@ Two halves:
   they guard the kernels, so that a verdict below is about ropecheck, not the kernel);
 - ropecheck on them through the CLI (in-process, as tests/test_cli.py runs it): every
   correct kernel passes, every broken one fails with a finding that names its form.
-  The second half needs the call-form engine (Target(call=...), --call); without it it
-  is skipped.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -213,11 +210,7 @@ def test_x_fast_path_kernel_is_wrong_from_2_14_tokens_x_heads(case):
     assert e > DISAGREE if wrong else e < AGREE
 
 
-# --- ropecheck on the kernels: needs the call-form engine ------------------------------------
-
-ENGINE = "call" in {f.name for f in dataclasses.fields(Target)}
-needs_engine = pytest.mark.skipif(
-    not ENGINE, reason="the call-form engine (issue 11: Target(call=...), ropecheck check --call) is not here")
+# --- ropecheck on the kernels -------------------------------------------------------------------
 
 
 def run_ropecheck(tmp_path: Path, name: str, form: str, *args: str):
@@ -273,7 +266,6 @@ BROKEN = {
 }
 
 
-@needs_engine
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_broken_kernel_fails_naming_its_form(tmp_path, name):
     form, properties, patterns, shapes_ok = BROKEN[name]
@@ -294,7 +286,6 @@ def test_broken_kernel_fails_naming_its_form(tmp_path, name):
         assert any(has_empty_before_nonempty(cu) for cu in lists), lists
 
 
-@needs_engine
 def test_x_fast_path_bug_fails_the_default_run(tmp_path):
     """THE DEFAULT RUN (no --property, no --max-examples): only the large fixed inputs the
     engine adds (tokens x heads 2^14 and 2^15 + 1, head_dim 256) reach the fast path, and
@@ -308,7 +299,6 @@ def test_x_fast_path_bug_fails_the_default_run(tmp_path):
     assert any(b * s * h >= kernels.FAST_PATH_MIN for b, s, h, _ in shapes), "\n".join(found)
 
 
-@needs_engine
 @pytest.mark.parametrize("name, form", [
     ("qk_correct", "qk"),
     ("packed_correct", "packed"),
@@ -325,7 +315,6 @@ def test_correct_kernel_passes_the_default_run(tmp_path, name, form):
     assert all(statuses.get(p) == "passed" for p in ("contract", "reference", "backward")), statuses
 
 
-@needs_engine
 def test_optional_k_kernel_passes_with_k(tmp_path):
     """On the CLI k is always given (k_optional is declared only by a Target or Adapter)."""
     result, _ = run_ropecheck(tmp_path, "qk_optional_k", "qk", "--property", "reference",
@@ -343,14 +332,12 @@ def run_declared(fn, **declared):
     return session
 
 
-@needs_engine
 def test_optional_k_kernel_passes_when_k_may_be_none():
     session = run_declared(kernels.qk_optional_k, call="qk", k_optional=True)
     assert session.verdict == "passed", [(r.property, r.message) for r in session.results
                                          if r.status != "passed"]
 
 
-@needs_engine
 def test_declared_optional_k_is_called_without_k():
     """A kernel that needs k, declared k_optional: the k=None calls must find it out."""
     session = run_declared(kernels.qk_correct, call="qk", k_optional=True)
