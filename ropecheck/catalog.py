@@ -35,8 +35,10 @@ def library_version(library: str) -> str:
         return "not installed"
 
 
-def _capabilities(dtypes, backward, inplace, max_position) -> str:
+def _capabilities(dtypes, backward, inplace, max_position, call="x", k_optional=False) -> str:
     parts = ["/".join(d.replace("float", "f") for d in dtypes)]
+    if call != "x":
+        parts.append(f"--call {call}" + (" (k may be None)" if k_optional else ""))
     parts.append("backward" if backward else "no backward")
     if inplace:
         parts.append("in place")
@@ -64,6 +66,7 @@ def entries() -> list[Entry]:
         out.append(Entry(adapter.name, "adapter", adapter.library,
                          c.layout if c else "?", c.flags() if c else _family_flags(adapter.name),
                          _capabilities(adapter.dtypes, adapter.backward, adapter.inplace,
-                                       adapter.max_position),
+                                       adapter.max_position, getattr(adapter, "call", "x"),
+                                       getattr(adapter, "k_optional", False)),
                          adapter.description, adapter.why_unavailable(), adapter.notes))
     return out
