@@ -108,6 +108,8 @@ class Target:
     rotary_dim: Optional[int] = None
     description: str = ""
     max_position: Optional[int] = None  # largest position accepted (a fixed-length cache)
+    call: str = "x"  # call form: "x" rope(x, positions), "qk" rope(q, k, positions), "packed"
+    k_optional: bool = False  # a "qk" target that also takes k=None
     # where calls run: a ropecheck.worker.Worker, or None for this process
     executor: Any = field(default=None, compare=False, repr=False)
 

@@ -1,7 +1,8 @@
 """Adapters: third-party RoPE implementations brought to the target contract.
 
 One small declarative record per target (in the spirit of PyTorch's OpInfo): what to
-import, how to build the canonical ``rope(x, positions)`` callable, the convention it
+import, how to build its callable in the call form it declares (``call``: "x" for the
+canonical ``rope(x, positions)``, "qk" or "packed", see ``Target``), the convention it
 computes, its capabilities, and how to install its library. Records never import their
 library at definition time: ``ropecheck list`` shows every record, available or not, and
 why not.
@@ -40,6 +41,8 @@ class Adapter:
     inplace: bool = False
     rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
     max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
+    call: str = "x"  # its call form: "x", "qk" or "packed" (ropecheck.target.Target.call)
+    k_optional: bool = False  # a "qk" target that also takes k=None
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
@@ -54,7 +57,8 @@ class Adapter:
         return Target(name=self.name, fn=self.build(), convention=self.convention,
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
-                      max_position=self.max_position)
+                      max_position=self.max_position, call=self.call,
+                      k_optional=self.k_optional)
 
 
 def _importable(name: str) -> bool:
