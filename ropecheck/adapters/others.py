@@ -8,7 +8,7 @@ positions can be checked."""
 from __future__ import annotations
 
 from reference.scaling import Llama3
-from ropecheck.adapters.registry import Adapter, per_head_dim, register
+from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
 from ropecheck.target import Convention
 
 
@@ -167,25 +167,8 @@ for _name, _interleaved in (("megatron-core", False), ("megatron-core-interleave
 # --- timm -----------------------------------------------------------------------------
 
 def import_timm_sincos():
-    """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision): the
-    packages are registered bare, then the one module is loaded."""
-    import importlib
-    import importlib.machinery
-    import importlib.util
-    import sys
-    import types
-
-    if "timm.layers.pos_embed_sincos" in sys.modules:
-        return sys.modules["timm.layers.pos_embed_sincos"]
-    root = importlib.util.find_spec("timm").submodule_search_locations[0]
-    for name, path in (("timm", root), ("timm.layers", f"{root}/layers")):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [path]
-            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            package.__spec__.submodule_search_locations = [path]
-            sys.modules[name] = package
-    return importlib.import_module("timm.layers.pos_embed_sincos")
+    """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision)."""
+    return import_bare("timm.layers.pos_embed_sincos")
 
 
 def _timm():

@@ -10,8 +10,12 @@ why not.
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.util
+import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -68,6 +72,27 @@ def _importable(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def import_bare(module: str):
+    """Import ``module`` (a dotted name) without running its parent packages' __init__
+    files, which may need what this machine lacks (timm's torchvision, flash-attn's CUDA
+    extension): each parent not yet imported is registered as a bare package (its folder,
+    no code), then the module itself is imported as usual."""
+    if module in sys.modules:
+        return sys.modules[module]
+    parts = module.split(".")
+    root = importlib.util.find_spec(parts[0]).submodule_search_locations[0]
+    for depth in range(1, len(parts)):
+        name = ".".join(parts[:depth])
+        if name not in sys.modules:
+            path = os.path.join(root, *parts[1:depth])
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            package.__spec__.submodule_search_locations = [path]
+            sys.modules[name] = package
+    return importlib.import_module(module)
 
 
 def per_head_dim(make: Callable):
