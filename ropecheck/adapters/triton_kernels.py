@@ -3,7 +3,7 @@ them: Liger on q and k together (``call="qk"``), flash-attn on packed varlen seq
 (``call="packed"``) and, through its RotaryEmbedding module, on q and a kv tensor with
 per-row offsets. Without CUDA they run under the Triton interpreter
 (``TRITON_INTERPRET=1``, set before triton is first imported); the interpreter mishandles
-bfloat16 arithmetic, so liger declares bfloat16 only on CUDA."""
+bfloat16 arithmetic, which liger's record leaves out."""
 
 from __future__ import annotations
 
