@@ -143,8 +143,10 @@ BUILTINS = {
                       "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
-    **triton_target.BUILTIN_ENTRIES,  # "triton", "triton-interleaved"
+    **triton_target.BUILTIN_ENTRIES,  # "triton", "triton-interleaved", "triton-qk", "triton-packed"
 }
+# the call form (ropecheck.target.Target.call) of built-ins not called as rope(x, positions)
+BUILTIN_FORMS = dict(triton_target.BUILTIN_FORMS)
 DEFAULT_TARGET = "rotate-half"
 
 
@@ -156,4 +158,4 @@ def builtin(name: str, base: float = reference.DEFAULT_BASE, rotary_dim=None,
         raise ValueError(f"built-in target {name!r} uses the {own_layout} layout, not {layout}")
     convention = Convention(own_layout, base, rotary_dim, scaling)
     return Target(name=name, fn=factory(base, rotary_dim, scaling), convention=convention,
-                  rotary_dim=rotary_dim, description=description)
+                  rotary_dim=rotary_dim, description=description, **BUILTIN_FORMS.get(name, {}))

@@ -4,6 +4,8 @@ say why, with the install hint, instead of crashing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from properties.checks import PROPERTIES
@@ -16,10 +18,8 @@ from ropecheck.loading import TargetLoadError, load
 from ropecheck.target import Convention
 
 QUICK = RunOptions(profile="ci", max_examples=4, timeout=120)
-SLOW = {"flash-attn-rotary", "flash-attn-rotary-interleaved", "liger-kernel"}  # interpreter
+SLOW = {n for n in ADAPTERS if n.startswith(("flash-attn-rotary", "liger-kernel"))}  # interpreter
 KNOWN = known_failures.load()
-
-
 ONE_D = sorted(n for n in ADAPTERS if n not in ND_ADAPTERS)  # N-D ones: tests/test_nd_checks.py
 
 
@@ -110,8 +110,12 @@ def test_liger_backward_writes_into_grad_output():
         pytest.skip("liger-kernel is not installed")
     import torch
 
-    from ropecheck.execution import Execution
-    result = Execution(load("liger-kernel").fn).vjp(
-        (torch.randn(1, 1, 1, 8),), torch.tensor([[1]]), (torch.randn(1, 1, 1, 8),))
-    assert [kind for kind, _ in result.violations] == ["grad-output"]
-    assert result.error is None and result.outputs[1] is not None
+    import reference
+    q, k = torch.randn(1, 1, 1, 8, requires_grad=True), torch.randn(1, 1, 1, 8, requires_grad=True)
+    g = torch.randn(1, 1, 1, 8)
+    given = g.clone()
+    q_out, _ = load("liger-kernel").fn(q, k, torch.tensor([[1]]))
+    (dq,) = torch.autograd.grad(q_out, q, g)
+    assert not torch.equal(g, given)  # the caller's gradient buffer was overwritten
+    expected = reference.apply_rope(given.double().numpy(), [[-1]], layout="half")
+    assert torch.allclose(dq.double(), torch.from_numpy(expected), atol=1e-6)

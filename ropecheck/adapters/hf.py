@@ -23,11 +23,15 @@ def _rotary(config_class, rotary_class, rope_parameters, max_position_embeddings
     return per_head_dim(make)
 
 
-def _hf_rotate_half(module, rope_parameters, max_position_embeddings=4096, rotary_dim=None):
-    """Canonical call through ``<module>RotaryEmbedding(x, position_ids) -> cos, sin`` and
-    ``apply_rotary_pos_emb(q, k, cos, sin)`` with q, k as (batch, heads, seq, head_dim).
-    With ``rotary_dim``, cos/sin cover only the first rotary_dim features (NeoX and Phi-3
-    pass the rest through)."""
+def _hf_rotate_half(module, rope_parameters, max_position_embeddings=4096, rotary_dim=None,
+                    call="x"):
+    """``<module>RotaryEmbedding(x, position_ids) -> cos, sin`` and
+    ``apply_rotary_pos_emb(q, k, cos, sin)`` with q, k as (batch, heads, seq, head_dim), the
+    transposed views HF's attention makes of its (batch, seq, heads, head_dim) projections.
+    ``call="x"``: the canonical call, x as both q and k; ``call="qk"``: the engine's q and
+    k (GQA: k has fewer heads, cos/sin broadcast over heads with unsqueeze_dim=1). With
+    ``rotary_dim``, cos/sin cover only the first rotary_dim features (NeoX and Phi-3 pass
+    the rest through)."""
 
     def build():
         import importlib
@@ -40,12 +44,18 @@ def _hf_rotate_half(module, rope_parameters, max_position_embeddings=4096, rotar
         rotary = _rotary(config_class, getattr(modeling, f"{prefix}RotaryEmbedding"),
                          rope_parameters, max_position_embeddings)
 
+        def rope_qk(q, k, positions):
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            cos, sin = rotary(rotary_dim or q.shape[-1])(q, positions)
+            q_out, k_out = modeling.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
         def rope(x, positions):
             q = x.transpose(1, 2)
             cos, sin = rotary(rotary_dim or x.shape[-1])(q, positions)
             out, _ = modeling.apply_rotary_pos_emb(q, q, cos, sin)
             return out.transpose(1, 2)
-        return rope
+        return rope_qk if call == "qk" else rope
     return build
 
 
@@ -91,6 +101,12 @@ for _name, (_params, _scaling, _base) in LLAMA_SCALINGS.items():
     _hf(_name, _hf_rotate_half("llama", {"rope_theta": _base, **_params}),
         Convention("half", _base, None, _scaling),
         f"LlamaRotaryEmbedding ({_params['rope_type']}) + apply_rotary_pos_emb")
+
+_hf("hf-llama-qk", _hf_rotate_half("llama", {"rope_theta": 10000.0, "rope_type": "default"},
+                                   call="qk"),
+    Convention("half", 10000.0),
+    "LlamaRotaryEmbedding + apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) on q and "
+    "GQA k as HF's attention passes them", call="qk")
 
 LONGROPE_DIM = 64
 LONGROPE = LongRoPE(short_factor=tuple(1.0 + i / 128 for i in range(LONGROPE_DIM // 2)),

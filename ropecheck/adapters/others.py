@@ -1,14 +1,15 @@
 """Adapters for torchtune, rotary-embedding-torch, x-transformers, megatron-core and timm.
 
 Each brings the library's own call to ``rope(x, positions)``: x (batch, seq, heads,
-head_dim), positions int64 (batch, seq). Where a library takes only a start offset, the
+head_dim), positions int64 (batch, seq) (megatron's thd path: the packed form
+``rope(x, cu_seqlens, positions)``). Where a library takes only a start offset, the
 adapter calls it once per token at that token's position (its own offset path), so any
 positions can be checked."""
 
 from __future__ import annotations
 
 from reference.scaling import Llama3
-from ropecheck.adapters.registry import Adapter, per_head_dim, register
+from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
 from ropecheck.target import Convention
 
 
@@ -23,6 +24,10 @@ TORCHTUNE_INSTALL = "pip install torchtune==0.6.1 torchao==0.15.0 torch==2.13.0"
 
 
 def _torchtune(class_path: str, **kwargs):
+    """``module(x, input_pos=positions)``, its real call: x (b, s, n_h, h_d) as torchtune's
+    attention passes it, input_pos (b, s), each row its own positions (its packed-samples
+    path; it indexes its cos/sin cache with them)."""
+
     def build():
         import importlib
 
@@ -128,64 +133,81 @@ register(Adapter("x-transformers", "x-transformers", _x_transformers(),
 
 # --- megatron-core --------------------------------------------------------------------
 
-def _megatron(interleaved: bool):
-    """``RotaryEmbedding(use_cpu_initialization=True).inv_freq``, the angles as its
-    ``get_emb`` forms them (outer product with the positions, repeated per layout), and
-    ``_apply_rotary_pos_emb_bshd`` (its forward asserts CUDA: the CPU-usable pieces)."""
+class _OneRank:
+    """A context-parallel group of one rank: what megatron asks of one (size, rank) without
+    torch.distributed."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+def _megatron(interleaved: bool, packed: bool = False):
+    """Megatron's dispatcher ``apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None)``
+    with apply_rope_fusion off (the fused path needs Transformer Engine) and a one-rank
+    context-parallel group. freqs are the angles as its ``get_emb`` forms them (outer
+    product of the positions with ``RotaryEmbedding(use_cpu_initialization=True).inv_freq``,
+    repeated per layout; ``get_emb`` itself moves inv_freq to CUDA). Not packed: t is sbhd,
+    the engine's (batch, seq, heads, dim) tensor transposed as a view (an sbhd-stored x
+    reaches it sbhd-contiguous), freqs (seq, batch, 1, dim). Packed: t (total, heads, dim)
+    with cu_seqlens on its thd path, freqs (total, 1, 1, dim), one row per token (its
+    exact-mapping mode: each sequence takes the rows of its own tokens)."""
 
     def build():
         import torch
         from megatron.core.models.common.embeddings import rope_utils
         from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4,
+                                   apply_rope_fusion=False, rotary_interleaved=interleaved)
         module = per_head_dim(lambda head_dim: RotaryEmbedding(
             head_dim, 1.0, rotary_interleaved=interleaved, use_cpu_initialization=True))
 
-        def rope(x, positions):
-            inv_freq = module(x.shape[-1]).inv_freq
-            freqs = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (b, s, r/2)
+        def emb(positions, head_dim):
+            inv_freq = module(head_dim).inv_freq
+            freqs = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., r/2)
             if interleaved:
-                emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
-            else:
-                emb = torch.cat((freqs, freqs), dim=-1)
-            # megatron is sbhd: (seq, batch, heads, dim) with freqs (seq, batch, 1, dim)
-            out = rope_utils._apply_rotary_pos_emb_bshd(
-                x.transpose(0, 1), emb.transpose(0, 1)[:, :, None, :], rotary_interleaved=interleaved)
+                return torch.stack((freqs, freqs), dim=-1).flatten(-2)
+            return torch.cat((freqs, freqs), dim=-1)
+
+        def rope(x, positions):
+            freqs = emb(positions, x.shape[-1]).transpose(0, 1)[:, :, None, :]  # (s, b, 1, d)
+            out = rope_utils.apply_rotary_pos_emb(x.transpose(0, 1), freqs, config,
+                                                  cp_group=_OneRank())
             return out.transpose(0, 1)
-        return rope
+
+        def rope_packed(x, cu_seqlens, positions):
+            freqs = emb(positions, x.shape[-1])[:, None, None, :]  # (total, 1, 1, d)
+            return rope_utils.apply_rotary_pos_emb(x, freqs, config, cu_seqlens=cu_seqlens,
+                                                   cp_group=_OneRank())
+        return rope_packed if packed else rope
     return build
 
 
 for _name, _interleaved in (("megatron-core", False), ("megatron-core-interleaved", True)):
-    register(Adapter(_name, "megatron-core", _megatron(_interleaved),
-                     Convention("interleaved" if _interleaved else "half", 10000.0),
-                     "RotaryEmbedding.inv_freq + _apply_rotary_pos_emb_bshd"
-                     + (" (rotary_interleaved)" if _interleaved else ""),
+    _layout = "interleaved" if _interleaved else "half"
+    _flag = " (rotary_interleaved)" if _interleaved else ""
+    register(Adapter(_name, "megatron-core", _megatron(_interleaved), Convention(_layout, 10000.0),
+                     "apply_rotary_pos_emb(t, freqs, config) on sbhd t" + _flag,
                      modules=("megatron.core",), install=_pin("megatron-core==0.16.1"),
-                     notes="forward asserts CUDA; the adapter calls its CPU-usable pieces"))
+                     notes="unfused path (the fused one needs Transformer Engine); freqs formed "
+                           "as get_emb does (it moves inv_freq to CUDA)"))
+    register(Adapter(f"{_name}-packed", "megatron-core", _megatron(_interleaved, packed=True),
+                     Convention(_layout, 10000.0),
+                     "apply_rotary_pos_emb(t, freqs, config, cu_seqlens=) on packed thd t, one "
+                     "freqs row per token" + _flag, call="packed",
+                     modules=("megatron.core",), install=_pin("megatron-core==0.16.1"),
+                     notes="unfused thd path, one-rank context parallelism; freqs formed as "
+                           "get_emb does"))
 
 
 # --- timm -----------------------------------------------------------------------------
 
 def import_timm_sincos():
-    """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision): the
-    packages are registered bare, then the one module is loaded."""
-    import importlib
-    import importlib.machinery
-    import importlib.util
-    import sys
-    import types
-
-    if "timm.layers.pos_embed_sincos" in sys.modules:
-        return sys.modules["timm.layers.pos_embed_sincos"]
-    root = importlib.util.find_spec("timm").submodule_search_locations[0]
-    for name, path in (("timm", root), ("timm.layers", f"{root}/layers")):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [path]
-            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            package.__spec__.submodule_search_locations = [path]
-            sys.modules[name] = package
-    return importlib.import_module("timm.layers.pos_embed_sincos")
+    """timm.layers.pos_embed_sincos without ``import timm`` (which needs torchvision)."""
+    return import_bare("timm.layers.pos_embed_sincos")
 
 
 def _timm():

@@ -1,7 +1,8 @@
 """Adapters: third-party RoPE implementations brought to the target contract.
 
 One small declarative record per target (in the spirit of PyTorch's OpInfo): what to
-import, how to build the canonical ``rope(x, positions)`` callable, the convention it
+import, how to build its callable in the call form it declares (``call``: "x" for the
+canonical ``rope(x, positions)``, "qk" or "packed", see ``Target``), the convention it
 computes, its capabilities, and how to install its library. Records never import their
 library at definition time: ``ropecheck list`` shows every record, available or not, and
 why not.
@@ -9,8 +10,12 @@ why not.
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.util
+import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -40,6 +45,8 @@ class Adapter:
     inplace: bool = False
     rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
     max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
+    call: str = "x"  # its call form: "x", "qk" or "packed" (ropecheck.target.Target.call)
+    k_optional: bool = False  # a "qk" target that also takes k=None
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
@@ -54,7 +61,8 @@ class Adapter:
         return Target(name=self.name, fn=self.build(), convention=self.convention,
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
-                      max_position=self.max_position)
+                      max_position=self.max_position, call=self.call,
+                      k_optional=self.k_optional)
 
 
 def _importable(name: str) -> bool:
@@ -64,6 +72,27 @@ def _importable(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def import_bare(module: str):
+    """Import ``module`` (a dotted name) without running its parent packages' __init__
+    files, which may need what this machine lacks (timm's torchvision, flash-attn's CUDA
+    extension): each parent not yet imported is registered as a bare package (its folder,
+    no code), then the module itself is imported as usual."""
+    if module in sys.modules:
+        return sys.modules[module]
+    parts = module.split(".")
+    root = importlib.util.find_spec(parts[0]).submodule_search_locations[0]
+    for depth in range(1, len(parts)):
+        name = ".".join(parts[:depth])
+        if name not in sys.modules:
+            path = os.path.join(root, *parts[1:depth])
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            package.__spec__.submodule_search_locations = [path]
+            sys.modules[name] = package
+    return importlib.import_module(module)
 
 
 def per_head_dim(make: Callable):
