@@ -22,7 +22,7 @@ from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_di
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.registry import property_registry
 from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, in_form, max_position_for, position_grids,
-                                   scales)
+                                   scales, within)
 from ropecheck.call_forms import CALL_FORMS
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
@@ -87,16 +87,21 @@ class Property:
     calls: tuple = tuple(CALL_FORMS)
     calls_why: str = ""
     large: bool = False  # tries the fixed large inputs (strategies.large_cases) too
+    # needs positions chosen per token (not offset + arange per row, all a target taking
+    # per-row offsets accepts)
+    per_token_positions: bool = False
 
     def case_strategy(self, ctx: Context):
         options = dict(self.case_options)
         options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
         return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call,
-                     k_optional=ctx.target.k_optional, **options)
+                     k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
 
     def applies_to(self, target: Target) -> tuple[bool, str]:
         if target.call not in self.calls:
             return False, f"not defined for call form {target.call}: {self.calls_why}"
+        if self.per_token_positions and target.row_offsets:
+            return False, "needs positions chosen per token; the target takes per-row offsets"
         if self.needs_convention and target.convention is None:
             return False, "needs a declared convention (--layout)"
         if self.needs_backward and not target.backward:
@@ -208,7 +213,7 @@ def _layouts_probe(ctx: Context) -> list:
 # --- spec-free properties ----------------------------------------------------------
 
 @register(name="identity", formula="f(x, 0) = x",
-          case_options={"positions": False})
+          case_options={"positions": False}, per_token_positions=True)
 def identity(ctx: Context, case: Case) -> float:
     x = case.tensor()
     x64, p = as_float64(x), case.positions_array()
@@ -319,7 +324,7 @@ def _second_grid(draw, ctx, case):
 
 
 @register(name="group-law", formula="f(f(x, a), b) = f(x, a + b)",
-          extras=_second_grid, same_theta_across_calls=True, calls=("x", "qk"),
+          extras=_second_grid, same_theta_across_calls=True, calls=("x", "qk"), per_token_positions=True,
           calls_why="its second positions are drawn per token, not as a sequence's offset + index",
           example_extras=lambda ctx, case: {"steps": np.minimum(
               np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
@@ -352,9 +357,9 @@ def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
           example_extras=lambda ctx, case: {"k": 1},
           case_options={"max_position": 4096})
 def invertibility(ctx: Context, case: Case, k: int) -> float:
-    p = np.minimum(case.positions_array(), 4096)
+    p = within(case, 4096).positions_array()  # (packed sequences keep counting up)
     k *= _position_step(ctx, case.head_dim, p)
-    p = np.minimum(p, max(ctx.max_position - k, 0))  # m + k stays in the declared range
+    p = within(case.with_positions(p), max(ctx.max_position - k, 0)).positions_array()  # m + k in range
     rng = np.random.default_rng([case.seed, 7])
     values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
     x = case.tensor(values=values)
@@ -395,7 +400,7 @@ def _distractor(draw, ctx, case):
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
     other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim,
                        max_position=ctx.max_position, call=ctx.target.call,
-                       k_optional=ctx.target.k_optional))
+                       k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets))
     return {"other": other, "split": draw(st.integers(0, case.seq - 1))}
 
 

@@ -93,8 +93,8 @@ def _scattered(limit: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def _position_grids(draw, batch: int, seq: int, limit: int) -> np.ndarray:
-    kind = draw(st.sampled_from(("row-offsets", "shared-offset", "scattered")))
+def _position_grids(draw, batch: int, seq: int, limit: int, row_offsets: bool = False) -> np.ndarray:
+    kind = draw(st.sampled_from(("row-offsets", "shared-offset") + (() if row_offsets else ("scattered",))))
     if kind == "scattered" or limit < seq - 1:
         values = draw(_lists(_scattered(limit), batch * seq))
         return np.asarray(values, dtype=np.int64).reshape(batch, seq)
@@ -107,9 +107,11 @@ def _position_grids(draw, batch: int, seq: int, limit: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def position_grids(batch: int, seq: int, limit: int = MAX_POSITION) -> st.SearchStrategy[np.ndarray]:
-    """(batch, seq) int64 positions, every value in [0, limit]."""
-    return _position_grids(batch, seq, limit)
+def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
+                   row_offsets: bool = False) -> st.SearchStrategy[np.ndarray]:
+    """(batch, seq) int64 positions, every value in [0, limit]; ``row_offsets``: offset +
+    arange(seq) in every row."""
+    return _position_grids(batch, seq, limit, row_offsets)
 
 
 @lru_cache(maxsize=None)
@@ -119,7 +121,7 @@ def _seqs(min_seq: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions,
-           call="x", k_optional=False) -> Case:
+           call="x", k_optional=False, row_offsets=False) -> Case:
     if call == "packed":
         return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions))
     batch = draw(st.integers(min_batch, max(min_batch, 3)))
@@ -127,7 +129,7 @@ def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, po
     heads = draw(st.integers(1, 3)) if call == "x" else draw(st.sampled_from(Q_HEADS))
     head_dim = draw(head_dims(rotary_dim))
     limit = min(max_position, max_position_for(head_dim))
-    grid = (draw(position_grids(batch, seq, limit)) if positions
+    grid = (draw(position_grids(batch, seq, limit, row_offsets)) if positions
             else np.zeros((batch, seq), dtype=np.int64))
     case = Case(
         dtype=dtype, batch=batch, seq=seq, heads=heads, head_dim=head_dim,
@@ -171,7 +173,10 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
     limit = min(max_position, max_position_for(head_dim))
     if positions:
         lengths = draw(_packed_lengths(min_seq))
-        starts = [draw(offsets(max(limit - n, 0))) for n in lengths]
+        if draw(st.booleans()):  # serving: each sequence at its own offset (its cache length)
+            starts = [draw(offsets(max(limit - n, 0))) for n in lengths]
+        else:  # training: every sequence from a shared offset, 0 mostly
+            starts = [draw(st.sampled_from((0, 0, min(7, max(limit - max(lengths), 0)))))] * len(lengths)
     else:  # every position 0: sequences of one token (and empty ones)
         lengths = [min(n, 1) for n in draw(_packed_lengths(1))]
         lengths += [1] * max(min_seq - sum(lengths), 0)
@@ -188,10 +193,11 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
 def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
           min_seq: int = 1, max_position: int = MAX_POSITION,
           memory=MEMORY_LAYOUTS, positions=True, call: str = "x",
-          k_optional: bool = False) -> st.SearchStrategy[Case]:
-    """RoPE inputs (Case records) in ``dtype``, in the target's call form."""
+          k_optional: bool = False, row_offsets: bool = False) -> st.SearchStrategy[Case]:
+    """RoPE inputs (Case records) in ``dtype``, in the target's call form; ``row_offsets``:
+    positions offset + arange(seq) in every row."""
     return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions,
-                  call, k_optional)
+                  call, k_optional, row_offsets)
 
 
 @lru_cache(maxsize=None)
@@ -245,6 +251,26 @@ def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> l
         Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
         Case(dtype, 1, 64, 33, r or FREE_HEAD_DIMS[2], rows(4000, seq=64), "contiguous", 1.0, 24),
     )]
+
+
+def counts_up(case: Case) -> bool:
+    """Whether every row of the case's positions is offset + arange(seq)."""
+    p = case.positions_array()
+    return bool((np.diff(p, axis=1) == 1).all())
+
+
+def within(case: Case, limit: int) -> Case:
+    """A fixed input with its positions in [0, limit]: clipped, or for a packed input each
+    sequence moved down as a whole (its positions keep counting up)."""
+    p = case.positions_array()
+    if case.call != "packed":
+        return case.with_positions(np.minimum(p, limit))
+    row, out, start = p[0], [], 0
+    for n in case.lengths:
+        seq = row[start:start + n]
+        out.append(seq - max(int(seq.max(initial=0)) - limit, 0))
+        start += n
+    return case.with_positions(np.maximum(np.concatenate(out)[None, :], 0))
 
 
 def in_form(case: Case, call: str, large: bool = False) -> Case:

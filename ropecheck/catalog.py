@@ -7,7 +7,7 @@ from importlib import metadata
 from typing import Optional
 
 from ropecheck.adapters import ADAPTERS
-from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
+from ropecheck.builtins import BUILTIN_FORMS, BUILTINS, DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ def entries() -> list[Entry]:
     for name, (layout, _, description) in BUILTINS.items():
         why = description.split("unavailable: ", 1)[1] if "unavailable: " in description else None
         out.append(Entry(name, "built-in", "ropecheck", layout, f"--layout {layout} --base 10000",
-                         _capabilities(("float32", "bfloat16", "float16", "float64"), True, False, None),
+                         _capabilities(("float32", "bfloat16", "float16", "float64"), True, False, None,
+                                       **BUILTIN_FORMS.get(name, {})),
                          description.split("; unavailable")[0], why,
                          default=name == DEFAULT_TARGET))
     for adapter in ADAPTERS.values():

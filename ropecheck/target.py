@@ -112,6 +112,8 @@ class Target:
     max_position: Optional[int] = None  # largest position accepted (a fixed-length cache)
     call: str = "x"  # its call form (ropecheck.call_forms): x, qk or packed
     k_optional: bool = False  # qk: accepts k=None
+    # positions are offset + arange(seq) in every row (an API taking per-row offsets)
+    row_offsets: bool = False
     # where calls run: a ropecheck.worker.Worker, or None for this process
     executor: Any = field(default=None, compare=False, repr=False)
 

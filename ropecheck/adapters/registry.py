@@ -47,6 +47,7 @@ class Adapter:
     max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
     call: str = "x"  # its call form: "x", "qk" or "packed" (ropecheck.target.Target.call)
     k_optional: bool = False  # a "qk" target that also takes k=None
+    row_offsets: bool = False  # takes per-row offsets: positions are offset + arange(seq) per row
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
@@ -62,7 +63,7 @@ class Adapter:
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
                       max_position=self.max_position, call=self.call,
-                      k_optional=self.k_optional)
+                      k_optional=self.k_optional, row_offsets=self.row_offsets)
 
 
 def _importable(name: str) -> bool:

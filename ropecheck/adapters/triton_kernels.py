@@ -112,6 +112,12 @@ def _sequence_offsets(cu_seqlens, positions):
     return offsets.to(torch.int32)
 
 
+def _int_if_shared(offsets):
+    """One offset shared by every sequence (a packed training batch: 0) goes as the int
+    flash-attn also takes, its other seqlen_offsets path; else the (batch,) tensor."""
+    return int(offsets[0]) if offsets.numel() and bool((offsets == offsets[0]).all()) else offsets
+
+
 def _row_offsets(positions):
     """int32 (batch,): each row's first position, after checking that the row is
     offset + arange(seq)."""
@@ -146,7 +152,7 @@ def _flash_packed(interleaved: bool, inplace: bool):
         module = per_head_dim(lambda head_dim: rotary.RotaryEmbedding(head_dim, 10000.0, interleaved))
 
         def rope(x, cu_seqlens, positions):
-            offsets = _sequence_offsets(cu_seqlens, positions)
+            offsets = _int_if_shared(_sequence_offsets(cu_seqlens, positions))
             lengths = cu_seqlens[1:] - cu_seqlens[:-1]
             longest = int(lengths.max()) if lengths.numel() else 0
             emb = module(x.shape[-1])
@@ -173,7 +179,7 @@ def _flash_offsets(interleaved: bool):
         module = per_head_dim(lambda head_dim: rotary.RotaryEmbedding(head_dim, 10000.0, interleaved))
 
         def rope(q, k, positions):
-            offsets = _row_offsets(positions)
+            offsets = _int_if_shared(_row_offsets(positions))
             kv = torch.stack((k, torch.zeros_like(k)), dim=2)
             q_out, kv = module(q.shape[-1])(_copy_keeping_strides(q), kv, seqlen_offset=offsets,
                                             max_seqlen=_table_rows(positions, q.shape[1]))
@@ -217,4 +223,4 @@ for _suffix, _interleaved in (("", False), ("-interleaved", True)):
            "per-sequence seqlen_offsets", call="packed", inplace=True)
     _flash(f"flash-attn-rotary{_suffix}-offsets", _flash_offsets(_interleaved), _interleaved,
            "RotaryEmbedding(q, kv, seqlen_offset=(batch,) tensor): q and a kv tensor, per-row "
-           "offsets (positions offset + arange(seq) per row only)", call="qk")
+           "offsets (positions offset + arange(seq) per row only)", call="qk", row_offsets=True)
