@@ -357,9 +357,10 @@ def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
           example_extras=lambda ctx, case: {"k": 1},
           case_options={"max_position": 4096})
 def invertibility(ctx: Context, case: Case, k: int) -> float:
-    p = within(case, 4096).positions_array()  # (packed sequences keep counting up)
+    rows = ctx.target.row_offsets  # (packed sequences, and rows where declared, keep counting up)
+    p = within(case, 4096, rows).positions_array()
     k *= _position_step(ctx, case.head_dim, p)
-    p = within(case.with_positions(p), max(ctx.max_position - k, 0)).positions_array()  # m + k in range
+    p = within(case.with_positions(p), max(ctx.max_position - k, 0), rows).positions_array()  # m + k in range
     rng = np.random.default_rng([case.seed, 7])
     values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
     x = case.tensor(values=values)

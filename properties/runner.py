@@ -115,7 +115,7 @@ def _examples(prop: Property, ctx: Context) -> list:
             if call == "packed":  # sequences of one token each
                 case = replace(case, lengths=(1,) * case.seq)
         elif p.max() > ctx.max_position:
-            case = within(case, ctx.max_position)
+            case = within(case, ctx.max_position, ctx.target.row_offsets)
         out.append((case, prop.example_extras(ctx, case)))
     return out
 

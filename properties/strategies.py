@@ -259,10 +259,12 @@ def counts_up(case: Case) -> bool:
     return bool((np.diff(p, axis=1) == 1).all())
 
 
-def within(case: Case, limit: int) -> Case:
-    """A fixed input with its positions in [0, limit]: clipped, or for a packed input each
-    sequence moved down as a whole (its positions keep counting up)."""
+def within(case: Case, limit: int, keep_rows: bool = False) -> Case:
+    """A fixed input with its positions in [0, limit]: clipped, or moved down as a whole
+    (they keep counting up) per packed sequence, and per row with ``keep_rows``."""
     p = case.positions_array()
+    if keep_rows and case.call != "packed":
+        return case.with_positions(np.maximum(p - np.maximum(p.max(1, keepdims=True) - limit, 0), 0))
     if case.call != "packed":
         return case.with_positions(np.minimum(p, limit))
     row, out, start = p[0], [], 0
