@@ -158,11 +158,21 @@ def _qk_outputs(out, has_k: bool):
     return q_out, k_out
 
 
+def mismatch(y, x: torch.Tensor, name: str = "output") -> Optional[tuple]:
+    """(kind, message) when y is not a tensor of x's shape, dtype and device, else None."""
+    if not isinstance(y, torch.Tensor):
+        said = "the target returned" if name == "output" else f"{name} is"
+        return "type", f"{said} {type(y).__name__}, expected a torch.Tensor"
+    if tuple(y.shape) != tuple(x.shape):
+        return "shape", f"{name} shape {tuple(y.shape)} differs from input shape {tuple(x.shape)}"
+    if y.dtype != x.dtype:
+        return "dtype", f"{name} dtype {y.dtype} differs from input dtype {x.dtype}"
+    if y.device != x.device:
+        return "device", f"{name} on {y.device}, input on {x.device}"
+    return None
+
+
 def _fits(name: str, out, given: torch.Tensor) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise ReturnedWrong("type", f"{name} is {type(out).__name__}, expected a torch.Tensor")
-    if tuple(out.shape) != tuple(given.shape):
-        raise ReturnedWrong("shape", f"{name} has shape {tuple(out.shape)}, its input "
-                                     f"{tuple(given.shape)}")
-    if out.dtype != given.dtype:
-        raise ReturnedWrong("dtype", f"{name} has dtype {out.dtype}, its input {given.dtype}")
+    problem = mismatch(out, given, name)
+    if problem:
+        raise ReturnedWrong(*problem)

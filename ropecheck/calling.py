@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.call_forms import Form
+from ropecheck.call_forms import Form, mismatch
 from ropecheck.execution import Execution, Outcome, describe_exception, strided_copy  # noqa: F401
 
 DEFAULT_TIMEOUT = 20.0
@@ -160,15 +160,9 @@ def executor_of(target):
 
 def validate(y, x: torch.Tensor) -> None:
     """y has x's shape, dtype and device and is finite (x is finite)."""
-    if not isinstance(y, torch.Tensor):
-        raise CallError("type", f"the target returned {type(y).__name__}, expected a torch.Tensor")
-    if tuple(y.shape) != tuple(x.shape):
-        raise CallError("shape", f"output shape {tuple(y.shape)} differs from input shape "
-                                 f"{tuple(x.shape)}")
-    if y.dtype != x.dtype:
-        raise CallError("dtype", f"output dtype {y.dtype} differs from input dtype {x.dtype}")
-    if y.device != x.device:
-        raise CallError("device", f"output on {y.device}, input on {x.device}")
+    problem = mismatch(y, x)
+    if problem:
+        raise CallError(*problem)
     if not bool(torch.isfinite(y).all()):
         bad = torch.nonzero(~torch.isfinite(y))[0].tolist()
         raise CallError("non-finite", f"non-finite output {y[tuple(bad)].item()} at index "
