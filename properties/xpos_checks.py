@@ -71,7 +71,7 @@ from properties.runner import Result, RunOptions
 from properties.strategies import prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate
+from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate_named
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import U32, ErrorModel
 
@@ -134,12 +134,15 @@ class PairCaller(Caller):
         if not isinstance(out, tuple) or len(out) != 2:
             raise CallError("type", f"the target returned {outcome.returned}, expected a pair (q_out, k_out)")
         for name, y, x in zip(("q_out", "k_out"), out, (q, k)):
-            try:
-                validate(y, x)
-            except CallError as exc:
-                raise CallError(exc.kind, f"{name}: {exc}") from None
+            validate_named(name, y, x)
         raise_violations(outcome)
         return out
+
+    def vjp_pair(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, gq: torch.Tensor,
+                 gk: torch.Tensor) -> tuple:
+        """(dq, dk): the target's VJP at (q, k) with incoming gradients gq for q_out and gk
+        for k_out, through its autograd (either gradient may draw on both outputs)."""
+        return self.vjp_many((q, k), positions, (gq, gk), names=("q", "k"), outputs=("q_out", "k_out"))
 
 
 @dataclass(frozen=True)
