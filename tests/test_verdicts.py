@@ -414,6 +414,40 @@ def test_backward_writing_into_grad_output_is_its_own_finding(tmp_path):
     assert "outside the bound" not in result.output  # not reported as a wrong value
 
 
+@pytest.mark.parametrize("layout", ["expanded-head", "expanded-feature"])
+def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
+    """The private copy of a stride-0 gradient keeps its strides (the backward sees what
+    autograd would hand it), and a backward that zeroes it (zero_ works on overlapping
+    memory, where copy_ and mul_ raise) is still the grad_output finding."""
+    import torch
+
+    from properties.cases import Case
+    from ropecheck.execution import Execution
+
+    seen = []
+
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, positions):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g.stride())
+            out = g.clone()
+            g.zero_()  # scratch memory: the incoming gradient is the caller's
+            return out, None
+
+    case = Case("float32", 2, 3, 2, 8, ((0, 1, 2), (3, 4, 5)))
+    g, x = case.tensor(1, memory=layout), case.tensor(0)
+    assert 0 in g.stride()
+    outcome = Execution(Rope.apply).vjp((x,), case.positions_tensor(), (g,))
+    assert seen == [g.stride()]
+    (kind, message), = outcome.violations
+    assert kind == "grad-output" and "backward wrote into grad_output" in message
+    assert torch.equal(outcome.outputs[1], g)  # the gradient itself was right: a copy of g
+
+
 def test_vjp_of_several_arguments_and_outputs():
     """Execution.vjp with args (q, k) and grads (gq, gk): outputs (q_out, k_out, dq, dk), a
     missing dependency as None, an output that is not differentiable named by its index."""
