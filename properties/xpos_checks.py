@@ -116,6 +116,7 @@ class XposTarget:
     max_position: int = XPOS_MAX_POSITION
     inplace: bool = False  # read by Caller
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
+    backward: bool = True  # autograd flows through it (the backward property needs it)
 
     @property
     def position_step(self) -> int:
@@ -236,6 +237,7 @@ class XposProperty:
     extras: Callable = lambda ctx, case: st.just({})
     min_seq: int = 1
     headroom: int = 0  # positions drawn up to max_position - headroom
+    needs_backward: bool = False
 
 
 XPOS_PROPERTIES: dict[str, XposProperty]
@@ -317,6 +319,8 @@ def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Opti
 
 def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, options: RunOptions,
                       reproduce: str = "") -> Result:
+    if prop.needs_backward and not target.backward:
+        return Result(prop.name, dtype, "skipped", prop.formula, message="target declares no backward")
     ctx = XposContext(target, dtype, options.timeout)
 
     @st.composite
