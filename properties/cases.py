@@ -76,8 +76,28 @@ LAYOUTS = {layout.name: layout for layout in (
 # What models hand RoPE: drawn in every run.
 MEMORY_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.exotic)
 EXOTIC_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.exotic)
-# What autograd hands a backward: a dense gradient, in the layout of the op that consumed y.
-GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd")
+
+
+def _expanded(kept: tuple) -> Callable:
+    """v's values along the axes in ``kept`` (index 0 along the others), broadcast back to
+    v's shape: a stride-0 view of a smaller tensor, as autograd hands the backward of a
+    reduction (the gradient of a sum is the incoming one ``expand``-ed)."""
+    def make(v: torch.Tensor) -> torch.Tensor:
+        index = tuple(slice(None) if axis in kept else slice(0, 1) for axis in range(v.dim()))
+        return v[index].clone(memory_format=torch.contiguous_format).expand(v.shape)  # own, small storage
+    return make
+
+
+# Gradients only: their values are not v's (a broadcast repeats one slice of it).
+EXPANDED_GRADS = {layout.name: layout for layout in (
+    Layout("expanded-head", "a (1, 1, 1, head_dim) gradient expanded to the whole shape (strides 0, 0, 0, 1: "
+                            "the backward of (y * w).sum() for a weight w over head_dim)", False, _expanded((3,))),
+    Layout("expanded-feature", "a (batch, seq, heads, 1) gradient expanded over head_dim (stride 0 in the last "
+                               "dimension: the backward of y.sum(-1) weighted per head)", False, _expanded((0, 1, 2))),
+)}
+# What autograd hands a backward: a dense gradient in the layout of the op that consumed y,
+# or a broadcast (stride-0) one from a reduction.
+GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd") + tuple(EXPANDED_GRADS)
 
 
 @dataclass(frozen=True)
@@ -118,12 +138,14 @@ class Case:
         return rng.standard_normal(self.shape) * self.scale
 
     def tensor(self, salt: int = 0, values: np.ndarray | None = None, memory: str | None = None) -> torch.Tensor:
-        """x in the case's dtype and memory layout (or ``memory``)."""
+        """x in the case's dtype and memory layout (or ``memory``: an ``EXPANDED_GRADS``
+        layout gives a broadcast gradient, which repeats one slice of the values)."""
         v = torch.from_numpy(self.values(salt) if values is None else np.asarray(values, np.float64))
         layout = memory or self.memory
-        if layout not in LAYOUTS:
+        known = LAYOUTS.get(layout) or EXPANDED_GRADS.get(layout)
+        if known is None:
             raise ValueError(f"unknown memory layout {layout!r}")
-        return LAYOUTS[layout].make(v.to(torch_dtype(self.dtype)))
+        return known.make(v.to(torch_dtype(self.dtype)))
 
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace

@@ -8,7 +8,9 @@ The N-D map is R_x = expm(sum_k x_k B_k); what makes it RoPE (seed, 2-D section)
   non-commuting generators;
 - invertibility: P is recoverable, so f(x, P + e_k) != f(x, P) and f(x, P + e_j - e_k) !=
   f(x, P): the seed's R_{x+y} (eq. 14) fails the second;
-- identity, orthogonality; and with a declared ``PairRotation`` the float64 reference.
+- identity, orthogonality; and with a declared ``PairRotation`` the float64 reference;
+- backward (targets that declare it): the VJP of f at P is R_P^T g (adjoint identity
+  spec-free; against the reference's inverse rotation with a declared convention).
 
 Tolerances are the 1-D model applied per axis (``ropecheck.tolerance``): pair p, driven by
 axis k, may err by rho (K_OPS u + dphi_p), dphi_p = 2^-24 |x_k| theta_p (2 e_p ln b + 6)
@@ -51,6 +53,7 @@ class NDTarget:
     description: str = ""
     max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
+    backward: bool = True  # autograd flows through it (the backward property needs it)
 
     def __post_init__(self):
         if self.max_position is not None and self.max_position < 255:
@@ -141,6 +144,7 @@ class NDProperty:
     check: Callable  # check(ctx, case, **extras) -> float
     extras: Callable = lambda ctx, case: st.just({})
     needs_convention: bool = False
+    needs_backward: bool = False
     min_axes: int = 1
 
 
@@ -257,6 +261,36 @@ def nd_reference(ctx: NDContext, case: NDCase) -> float:
                         what=f"f(x, P) vs the float64 reference ({conv.description})")
 
 
+@nd_register(name="backward",
+             formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
+                     "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
+             needs_backward=True)
+def nd_backward(ctx: NDContext, case: NDCase) -> float:
+    """The target's own VJP at (x, P) applied to g. Adjoint identity, spec-free: VJP(g) = A^T g
+    for the Jacobian A = R_P that f applies, so <VJP(g), v> = <g, f(v, P)> per head vector
+    (tokens do not mix). Error model: each side is a computed head vector (|VJP(g)| = |g|,
+    |f(v, P)| = |v|) off by at most eps |.| + floor (the generic model of ``NDContext.eps``:
+    the VJP rotates by the same float32 angles), so the two inner products differ by at
+    most 2 eps |g| |v| + floor (|g| + |v|). With a declared PairRotation the VJP is compared
+    elementwise with R_P^T g = R_{-P} g, the reference's inverse rotation, under the same
+    per-axis element bound as ``reference`` (a transposed rotation has g's pair norms)."""
+    x, p = case.tensor(0), case.positions_array()
+    g, v = case.tensor(1), case.tensor(2)
+    vjp = as_float64(ctx.rope.vjp(x, torch.from_numpy(p), g))
+    g64, v64 = as_float64(g), as_float64(v)
+    ng, nv = _norms(g64), _norms(v64)
+    adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * ctx.f(v, p), -1),
+                           2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv), axes=AXES_3D,
+                           what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head")
+    conv = ctx.target.convention
+    if conv is None:
+        return adjoint
+    exact = assert_close(vjp, conv.apply(g64, p, inverse=True), element_bound(ctx.model, conv, g64, p),
+                         axes=("batch", "seq", "head", "feature"),
+                         what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})")
+    return max(adjoint, exact)
+
+
 def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.ndarray) -> np.ndarray:
     """The 1-D tolerance per axis: rho (K_OPS u + dphi_p) + floor on rotated pairs, one output
     rounding on pass-through features."""
@@ -316,6 +350,8 @@ def run_nd_property(prop: NDProperty, target: NDTarget, dtype: str, options: Run
                     reproduce: str = "") -> Result:
     if prop.needs_convention and target.convention is None:
         return Result(prop.name, dtype, "skipped", prop.formula, message="needs a declared convention")
+    if prop.needs_backward and not target.backward:
+        return Result(prop.name, dtype, "skipped", prop.formula, message="target declares no backward")
     ctx = NDContext(target, dtype, options.timeout)
 
     @st.composite

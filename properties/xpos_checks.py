@@ -71,7 +71,7 @@ from properties.runner import Result, RunOptions
 from properties.strategies import prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate
+from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate_named
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import U32, ErrorModel
 
@@ -116,6 +116,7 @@ class XposTarget:
     max_position: int = XPOS_MAX_POSITION
     inplace: bool = False  # read by Caller
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
+    backward: bool = True  # autograd flows through it (the backward property needs it)
 
     @property
     def position_step(self) -> int:
@@ -134,12 +135,15 @@ class PairCaller(Caller):
         if not isinstance(out, tuple) or len(out) != 2:
             raise CallError("type", f"the target returned {outcome.returned}, expected a pair (q_out, k_out)")
         for name, y, x in zip(("q_out", "k_out"), out, (q, k)):
-            try:
-                validate(y, x)
-            except CallError as exc:
-                raise CallError(exc.kind, f"{name}: {exc}") from None
+            validate_named(name, y, x)
         raise_violations(outcome)
         return out
+
+    def vjp_pair(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, gq: torch.Tensor,
+                 gk: torch.Tensor) -> tuple:
+        """(dq, dk): the target's VJP at (q, k) with incoming gradients gq for q_out and gk
+        for k_out, through its autograd (either gradient may draw on both outputs)."""
+        return self.vjp_many((q, k), positions, (gq, gk), names=("q", "k"), outputs=("q_out", "k_out"))
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class XposProperty:
     extras: Callable = lambda ctx, case: st.just({})
     min_seq: int = 1
     headroom: int = 0  # positions drawn up to max_position - headroom
+    needs_backward: bool = False
 
 
 XPOS_PROPERTIES: dict[str, XposProperty]
@@ -314,6 +319,8 @@ def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Opti
 
 def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, options: RunOptions,
                       reproduce: str = "") -> Result:
+    if prop.needs_backward and not target.backward:
+        return Result(prop.name, dtype, "skipped", prop.formula, message="target declares no backward")
     ctx = XposContext(target, dtype, options.timeout)
 
     @st.composite

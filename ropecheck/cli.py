@@ -262,7 +262,8 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
                                                   axes, sections, split, layout,
                                                   nd_base or (None if base is None else f"{base:g}"),
                                                   scale_base, gamma, interleaved=mrope_interleaved or None,
-                                                  max_position=max_position, in_process=in_process),
+                                                  max_position=max_position, in_process=in_process,
+                                                  backward=not no_backward),
                               dtypes, property_names, options, json_path, junit_path, debug,
                               (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
     spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,

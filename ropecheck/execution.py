@@ -239,17 +239,20 @@ class Execution:
 
     def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False,
             form: Optional[Form] = None) -> Outcome:
-        """(y, g): y = fn(x, positions) and g = (dy/dx)^T grad through the target's autograd,
-        the incoming gradient a private copy (``args`` and ``grads`` hold one tensor each)."""
-        (x,), (grad,) = args, grads
+        """(y_1 .. y_n, g_1 .. g_k): y = fn(*args, positions) (one tensor: in the target's
+        call form), one output per incoming gradient (a Tensor for one, a tuple of n for
+        several), and g_j = sum_i (dy_i/dx_j)^T grads[i] through the target's autograd, for
+        each of the k args (None where no output depends on it). One tensor each: (y, g).
+        The incoming gradients are private copies laid out as the caller's (a broadcast,
+        stride-0 gradient stays one)."""
         outcome = Outcome()
-        leaf = strided_copy(x.detach()).requires_grad_(True)
-        arg = leaf.clone() if inplace else leaf
-        private = strided_copy(grad)
+        leaves = tuple(strided_copy(x.detach()).requires_grad_(True) for x in args)
+        called = tuple(leaf.clone() for leaf in leaves) if inplace else leaves
+        private = tuple(strided_copy(g) for g in grads)
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y, _ = _invoke(self.fn, (arg,), positions.clone(), form)
+                y, _ = _invoke(self.fn, called, positions.clone(), form)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -259,25 +262,40 @@ class Execution:
             grad_mode_left_off = not torch.is_grad_enabled()
             torch.set_grad_enabled(True)
             y_out, outcome.returned = _normalise(y)
-            if not isinstance(y, torch.Tensor):
-                outcome.outputs = None
-                return outcome
-            if not y.requires_grad:
-                why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
-                       "left it off, so its output does not require grad" if grad_mode_left_off else
-                       "the output does not require grad: autograd does not flow through the "
-                       "target (declare --no-backward)")
-                outcome.error = ("backward", why)
-                return outcome
+            ys = _outputs_for(y, len(grads))
+            if ys is None:
+                return outcome  # outputs None: the caller names what came back
+            for index, out in enumerate(ys):
+                if not out.requires_grad:
+                    which = "" if len(ys) == 1 else f" {index}"
+                    why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
+                           f"left it off, so its output{which} does not require grad" if grad_mode_left_off
+                           else f"the output{which} does not require grad: autograd does not flow "
+                                "through the target (declare --no-backward)")
+                    outcome.error = ("backward", why)
+                    return outcome
+            incoming = tuple(g.to(out.dtype) if g.dtype != out.dtype else g for g, out in zip(private, ys))
             try:
-                (g,) = torch.autograd.grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype
-                                           else private, allow_unused=True)
+                gs = torch.autograd.grad(ys, leaves, incoming, allow_unused=True)
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
-        if not torch.equal(private, grad):
-            outcome.violations.append(("grad-output", f"backward wrote into grad_output "
-                                                      f"({_first_change(grad, private)}): the "
-                                                      "incoming gradient belongs to the caller"))
-        outcome.outputs = (y_out, None if g is None else g.detach())
+        for index, (mine, theirs) in enumerate(zip(private, grads)):
+            if not torch.equal(mine, theirs):
+                which = "grad_output" if len(grads) == 1 else f"grad_output {index}"
+                outcome.violations.append(("grad-output", f"backward wrote into {which} "
+                                                          f"({_first_change(theirs, mine)}): the "
+                                                          "incoming gradient belongs to the caller"))
+        outs = (y_out,) if isinstance(y_out, torch.Tensor) else y_out
+        outcome.outputs = tuple(outs) + tuple(None if g is None else g.detach() for g in gs)
         return outcome
+
+
+def _outputs_for(y, n: int) -> Optional[tuple]:
+    """The n differentiable outputs of a call: y itself for one gradient, a tuple or list of
+    n tensors for several; None for anything else."""
+    if n == 1:
+        return (y,) if isinstance(y, torch.Tensor) else None
+    if isinstance(y, (tuple, list)) and len(y) == n and all(isinstance(t, torch.Tensor) for t in y):
+        return tuple(y)
+    return None

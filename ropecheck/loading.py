@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 from ropecheck.adapters import ADAPTERS
 from ropecheck.builtins import BUILTINS, builtin
@@ -143,21 +144,28 @@ def load(spec: str, call=None, **builtin_options) -> Target:
     return target
 
 
+class Declared(NamedTuple):
+    """What a family target declares besides its callable."""
+
+    max_position: Optional[int] = None  # the largest position (per axis) it accepts
+    backward: bool = True  # autograd flows through it
+
+
 def load_callable(spec: str, rope_signature: bool = True) -> tuple:
-    """(callable, the largest position (per axis) it declares or None) for the families
-    (N-D, xPos): an adapter's function, or a file's / module's attribute, which may be an
-    object with ``fn`` and ``max_position``."""
+    """(callable, its ``Declared`` range and backward) for the families (N-D, xPos): an
+    adapter's function, or a file's / module's attribute, which may be an object with
+    ``fn``, ``max_position`` and ``backward`` (a Target)."""
     if spec in ADAPTERS:
         target = load(spec)
-        return target.fn, target.max_position
+        return target.fn, Declared(target.max_position, target.backward)
     obj = resolve(spec)
-    max_position = getattr(obj, "max_position", None)
+    declared = Declared(getattr(obj, "max_position", None), bool(getattr(obj, "backward", True)))
     obj = getattr(obj, "fn", obj)
     if not callable(obj):
         raise TargetLoadError(f"{spec} is not callable")
     if rope_signature:
         check_signature(obj)
-    return obj, max_position
+    return obj, declared
 
 
 # --- in a worker process --------------------------------------------------------------
@@ -185,6 +193,6 @@ def load_isolated(spec: str, call=None, **builtin_options) -> Target:
 
 
 def load_callable_isolated(spec: str, rope_signature: bool = True) -> tuple:
-    """Like :func:`load_callable`: (callable, max_position, the worker it runs in)."""
-    worker, max_position = _start("ropecheck.loading:load_callable", (spec, rope_signature))
-    return worker.function, max_position, worker
+    """Like :func:`load_callable`: (callable, Declared, the worker it runs in)."""
+    worker, declared = _start("ropecheck.loading:load_callable", (spec, rope_signature))
+    return worker.function, declared, worker

@@ -14,6 +14,9 @@ Families and what TARGET must be:
 - ``xpos`` (``--layout``, ``--base``, ``--scale-base``, ``--gamma``; defaults interleaved,
   10000, 512, 0.4): ``xpos(q, k, positions) -> (q_out, k_out)``, positions int64 (batch, seq)
   (``properties.xpos_checks``).
+Rotation and xPos targets are checked backward too (their VJP through autograd) unless
+they declare no backward (an adapter's ``backward=False``, a Target's) or ``--no-backward``
+is given.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
@@ -42,6 +45,15 @@ ND_DEFAULT_DTYPES = ("float32", "bfloat16")
 
 class FamilyError(ValueError):
     """Bad family flags or an unloadable target (exit 2)."""
+
+
+class Loaded(NamedTuple):
+    """A family target as loaded: ``FamilySpec.load``."""
+
+    fn: Callable
+    max_position: Optional[int]
+    executor: object  # its worker, or None (in this process)
+    backward: bool
 
 
 def parse_ints(text: Optional[str], what: str) -> Optional[list]:
@@ -83,9 +95,11 @@ class FamilySpec:
     extra: dict = field(default_factory=dict)
     max_position: Optional[int] = None  # the declared position range (--max-position)
     in_process: bool = False  # call the target here, not in a worker process
+    backward: bool = True  # False: --no-backward (the target has no autograd)
 
-    def load(self, rope_signature: bool) -> tuple:
-        """(callable, the largest position it accepts or None, its executor)."""
+    def load(self, rope_signature: bool) -> "Loaded":
+        """The callable, the largest position it accepts or None, its executor, and whether
+        it has a backward (the target's declaration and --no-backward)."""
         try:
             if self.in_process:
                 fn, declared = load_callable(self.target, rope_signature)
@@ -94,8 +108,8 @@ class FamilySpec:
                 fn, declared, executor = load_callable_isolated(self.target, rope_signature)
         except TargetLoadError as exc:
             raise FamilyError(str(exc)) from None
-        limits = [n for n in (declared, self.max_position) if n is not None]
-        return fn, (min(limits) if limits else None), executor
+        limits = [n for n in (declared.max_position, self.max_position) if n is not None]
+        return Loaded(fn, min(limits) if limits else None, executor, self.backward and declared.backward)
 
     def flags(self) -> list:
         words = ["--family", self.family]
@@ -107,6 +121,8 @@ class FamilySpec:
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if self.interleaved:
             words.append("--mrope-interleaved")
+        if not self.backward:
+            words.append("--no-backward")
         if self.in_process:
             words.append("--in-process")
         return words
@@ -123,9 +139,10 @@ class FamilySpec:
                                   **{k: float(v) for k, v in given.items() if v is not None})
         except ValueError as exc:
             raise FamilyError(str(exc)) from None
-        fn, declared, executor = self.load(rope_signature=False)
-        return XposTarget(self.target, fn, conv, max_position=min(declared or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
-                          executor=executor)
+        loaded = self.load(rope_signature=False)
+        return XposTarget(self.target, loaded.fn, conv,
+                          max_position=min(loaded.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
+                          executor=loaded.executor, backward=loaded.backward)
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
         """(n_axes, reference convention or None, head sizes to draw)."""
@@ -164,11 +181,12 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     if spec.family not in FAMILIES:
         raise FamilyError(f"unknown --family {spec.family!r}; known: {', '.join(FAMILIES)}")
     runs = []
+    backward = False  # what the session reports: the rotation and xPos targets' declaration
     if spec.family in BUILDER_FAMILIES:
         fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
             builder_checks.family(BUILDER_FAMILIES[spec.family])
-        fn, _, executor = spec.load(rope_signature=False)
-        fn = PlainCaller(executor or InProcess(fn), options.timeout)
+        loaded = spec.load(rope_signature=False)
+        fn = PlainCaller(loaded.executor or InProcess(loaded.fn), options.timeout)
         names = _select(property_names, builder_checks.BUILDER_CHECKS)
         for name in names:
             formula = builder_checks.BUILDER_CHECKS[name][0]
@@ -178,6 +196,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
     else:
         if spec.family == "xpos":
             target = spec.xpos_target()
+            backward = target.backward
             names = _select(property_names, XPOS_PROPERTIES)
             registry = XPOS_PROPERTIES
             for dtype in dtypes:
@@ -190,14 +209,15 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                 return run_xpos_property(XPOS_PROPERTIES[name], target, dtype, options, command)
         else:
             n_axes, conv, head_dims = spec.convention()
-            fn, max_position, executor = spec.load(rope_signature=True)
+            loaded = spec.load(rope_signature=True)
             convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
             try:
-                targets = [NDTarget(spec.target, fn, n_axes, c, (d,), max_position=max_position,
-                                    executor=executor)
+                targets = [NDTarget(spec.target, loaded.fn, n_axes, c, (d,), max_position=loaded.max_position,
+                                    executor=loaded.executor, backward=loaded.backward)
                            for d, c in zip(head_dims, convs)]
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None
+            backward = loaded.backward
             names = _select(property_names, ND_PROPERTIES)
             registry = ND_PROPERTIES
 
@@ -210,7 +230,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                 runs.append((name, dtype, registry[name].formula, lambda name=name, dtype=dtype: run_one(
                     name, dtype, f"{reproduce} --dtype {dtype} --property {name}")))
     shell = SimpleNamespace(
-        target=SimpleNamespace(name=spec.target, convention=None, backward=False, inplace=False,
+        target=SimpleNamespace(name=spec.target, convention=None, backward=backward, inplace=False,
                                max_position=spec.max_position),
         dtypes=list(dtypes), properties=[SimpleNamespace(name=n) for n in names], options=options,
         results=[], stopped=None, causes=[])

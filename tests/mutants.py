@@ -174,20 +174,43 @@ def nan_at_zero(x, p):
     return rope(x, p, angle_of=_angles_from(lambda pos: pf * (pf / pf)))
 
 
-class _WrongBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, p):
-        ctx.save_for_backward(p)
-        return rope(x, p)
+def with_backward(forward, backward):
+    """``forward(x, positions)`` as a custom autograd.Function whose VJP is
+    ``backward(g, positions)``: a hand-written backward."""
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, positions):
+            ctx.save_for_backward(positions)
+            return forward(x, positions)
 
-    @staticmethod
-    def backward(ctx, g):
-        (p,) = ctx.saved_tensors
-        return rope(g, p), None  # should rotate by -m
+        @staticmethod
+        def backward(ctx, g):
+            (positions,) = ctx.saved_tensors
+            return backward(g, positions), None
+    return Rope.apply
 
 
-def wrong_backward(x, p):
-    return _WrongBackward.apply(x, p)
+wrong_backward = with_backward(rope, rope)  # the gradient should rotate by -m
+
+
+def _like_strided(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` written element by element into a tensor laid out with ``like``'s
+    strides, as a kernel storing through those strides: where the strides overlap (a
+    broadcast, stride 0) elements share memory and only one of their writes stays."""
+    storage = torch.zeros(like.untyped_storage().nbytes() // like.element_size(), dtype=values.dtype)
+    offsets = torch.zeros(like.shape, dtype=torch.int64) + like.storage_offset()
+    for axis, (size, stride) in enumerate(zip(like.shape, like.stride())):
+        shape = [1] * like.dim()
+        shape[axis] = size
+        offsets = offsets + torch.arange(size).reshape(shape) * stride
+    storage[offsets.reshape(-1)] = values.reshape(-1)
+    return storage.as_strided(like.shape, like.stride(), like.storage_offset())
+
+
+# "Keep the gradient's layout": the result is allocated with g's strides
+# (torch.empty_strided(g.shape, g.stride())). Right for every dense g; a broadcast g makes
+# every row (expanded-head) or every feature (expanded-feature) share one memory location.
+grad_strided_output = with_backward(rope, lambda g, p: _like_strided(rope(g, p, sign=-1.0), g))
 
 
 def correct(name, fn, **kw) -> Target:
@@ -220,6 +243,7 @@ MUTANTS = {
     "changes-dtype": (changes_dtype, {"contract", "reference"}),
     "nan-at-zero": (nan_at_zero, {"identity", "reference"}),
     "wrong-backward": (wrong_backward, {"backward", "inverse"}),
+    "grad-strided-output": (grad_strided_output, {"backward", "inverse"}),  # only broadcast gradients show it
 }
 
 

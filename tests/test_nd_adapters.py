@@ -13,6 +13,7 @@ from reference.nd import axial
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.cli import main
+from tests.test_nd_checks import _torch
 
 OPTIONS = RunOptions(profile="ci", max_examples=6)
 ROTATIONS = sorted(n for n, flags in ND_ADAPTERS.items() if not flags["family"].endswith("-builder"))
@@ -56,11 +57,13 @@ CONV = axial(8, 2, layout="interleaved")
 
 
 def _table_rope(limit):
-    """A correct 2-D RoPE that, like a grid table, refuses positions past ``limit``."""
+    """A correct 2-D RoPE (with autograd) that, like a grid table, refuses positions past ``limit``."""
+    correct = _torch(CONV)
+
     def rope(x, positions):
         if int(positions.max()) > limit:
             raise IndexError(f"position {int(positions.max())} is past the table ({limit})")
-        return torch.from_numpy(CONV.apply(x.double().numpy(), positions.numpy())).to(x.dtype)
+        return correct(x, positions)
     return rope
 
 

@@ -1,6 +1,7 @@
 """N-D checks: correct targets pass, the seed's failure modes fail the property meant for
 them; the CLI's --family exit codes; the HF Qwen2-VL adapters."""
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -11,15 +12,25 @@ from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
 from properties.runner import RunOptions
 from reference.nd import axial, mrope
 from ropecheck.cli import main
+from tests.mutants import with_backward
 
 OPTIONS = RunOptions(profile="ci", max_examples=8)
 CONV = axial(8, 2, layout="interleaved")
 
 
 def _torch(conv, transform=lambda p: p):
+    """conv's rotation in float64 torch (autograd flows through it) at positions transform(P)."""
+    first, second, axis, theta = (torch.from_numpy(np.asarray(a)) for a in conv.arrays)
+
     def rope(x, positions):
-        y = conv.apply(x.double().numpy(), transform(positions.numpy()))
-        return torch.from_numpy(y).to(x.dtype)
+        p = torch.from_numpy(np.ascontiguousarray(transform(positions.numpy())))
+        phi = (p[..., axis].double() * theta)[:, :, None, :]  # (b, s, 1, pairs)
+        x64 = x.double()
+        a, b = x64[..., first], x64[..., second]
+        y = x64.clone()
+        y[..., first] = a * phi.cos() - b * phi.sin()
+        y[..., second] = a * phi.sin() + b * phi.cos()
+        return y.to(x.dtype)
     return rope
 
 
@@ -33,9 +44,14 @@ def _noncommuting(x, positions):  # axis 0 on planes (0,1),(2,3).., axis 1 on (1
     return y.to(x.dtype)
 
 
+def _result(fn, prop, conv=CONV, dtype="float32", declared=True, **kw):
+    """``declared``: the target is checked with conv as its convention (else spec-free)."""
+    target = NDTarget("t", fn, conv.n_axes, conv if declared else None, (conv.head_dim,), **kw)
+    return run_nd_property(ND_PROPERTIES[prop], target, dtype, OPTIONS)
+
+
 def _status(fn, prop, conv=CONV):
-    return run_nd_property(ND_PROPERTIES[prop], NDTarget("t", fn, conv.n_axes, conv, (conv.head_dim,)),
-                           "float32", OPTIONS).status
+    return _result(fn, prop, conv).status
 
 
 @pytest.mark.parametrize("conv", [CONV, mrope([2, 1, 1]), mrope([4, 2, 2], interleaved=True)])
@@ -55,15 +71,54 @@ def test_seed_failure_modes_fail_their_property():
     assert _status(_torch(mrope([4, 2, 2])), "reference", mrope([4, 2, 2], interleaved=True)) == "failed"
 
 
+@pytest.mark.parametrize("conv", [CONV, mrope([2, 1, 1]), mrope([4, 2, 2], interleaved=True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_backward_catches_a_vjp_that_rotates_by_plus_p(conv, dtype):
+    """A hand-written backward rotating the gradient by +P (R_P g, not R_P^T g) fails, by the
+    adjoint identity without a convention (with one, the shrunk input may show it first in the
+    comparison with R_P^T g); the one rotating by -P passes."""
+    rope = _torch(conv)
+    minus = with_backward(rope, lambda g, p: rope(g, -p))
+    plus = with_backward(rope, rope)
+    for declared in (True, False):
+        assert _result(minus, "backward", conv, dtype, declared).status == "passed"
+        result = _result(plus, "backward", conv, dtype, declared)
+        assert result.status == "failed", result
+        assert declared or "adjoint identity" in result.message, result.message
+
+
+def test_backward_reference_catches_a_vjp_right_up_to_the_adjoint():
+    """The VJP of a wrong forward passes the adjoint identity (it is that forward's transpose);
+    with a declared convention the comparison with R_P^T g fails it."""
+    swapped = _torch(CONV, lambda p: p[..., ::-1])  # axes confused, autograd through it
+    assert _result(swapped, "backward", declared=False).status == "passed"
+    result = _result(swapped, "backward")
+    assert result.status == "failed" and "R_P^T g" in result.message, result.message
+
+
+def test_backward_needs_autograd_or_a_declaration():
+    no_autograd = lambda x, p: torch.from_numpy(CONV.apply(x.detach().double().numpy(), p.numpy())).to(x.dtype)
+    result = _result(no_autograd, "backward")
+    assert result.status == "failed" and "declare --no-backward" in result.message
+    result = _result(no_autograd, "backward", backward=False)
+    assert result.status == "skipped" and result.message == "target declares no backward"
+
+
 def test_cli_family_exit_codes(tmp_path):
     good = tmp_path / "good.py"
     good.write_text("from reference.nd import axial\nimport torch\nC = axial(8, 2, layout='half')\n"
                     "def rope(x, p):\n    return torch.from_numpy(C.apply(x.double().numpy(), p.numpy())).to(x.dtype)\n"
                     "def bad(x, p):\n    return rope(x, p.flip(-1))\n")
-    run = lambda *a: CliRunner().invoke(main, ["check", *a, "--profile", "ci", "--max-examples", "5",
-                                               "--dtype", "float32"])
-    assert run(f"{good}:rope", "--family", "axial", "--axes", "2", "--layout", "half", "--split", "4,4").exit_code == 0
-    assert run(f"{good}:bad", "--family", "axial", "--axes", "2", "--layout", "half", "--split", "4,4").exit_code == 1
+    # numpy inside: no autograd, so --no-backward (without it the backward check fails)
+    run = lambda *a, backward=False: CliRunner().invoke(main, ["check", *a, "--profile", "ci", "--max-examples", "5",
+                                                               "--dtype", "float32"] + ([] if backward else ["--no-backward"]))
+    axial_flags = ("--family", "axial", "--axes", "2", "--layout", "half", "--split", "4,4")
+    r = run(f"{good}:rope", *axial_flags)
+    assert r.exit_code == 0 and re.search(r"backward\s*│\s*skip", r.output), r.output
+    assert "--no-backward" in r.output  # among the family's flags, as the reproducing command has them
+    r = run(f"{good}:rope", *axial_flags, backward=True)  # x.numpy() raises on a tensor that requires grad
+    assert r.exit_code == 1 and "requires grad" in r.output, r.output
+    assert run(f"{good}:bad", *axial_flags).exit_code == 1
     r = run(f"{good}:rope", "--family", "mrope")
     assert r.exit_code == 2 and "needs --sections" in r.output and "Traceback" not in r.output
     assert run(f"{good}:nothing", "--family", "axial", "--layout", "half").exit_code == 2

@@ -414,6 +414,62 @@ def test_backward_writing_into_grad_output_is_its_own_finding(tmp_path):
     assert "outside the bound" not in result.output  # not reported as a wrong value
 
 
+@pytest.mark.parametrize("layout", ["expanded-head", "expanded-feature"])
+def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
+    """The private copy of a stride-0 gradient keeps its strides (the backward sees what
+    autograd would hand it), and a backward that zeroes it (zero_ works on overlapping
+    memory, where copy_ and mul_ raise) is still the grad_output finding."""
+    import torch
+
+    from properties.cases import Case
+    from ropecheck.execution import Execution
+
+    seen = []
+
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, positions):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g.stride())
+            out = g.clone()
+            g.zero_()  # scratch memory: the incoming gradient is the caller's
+            return out, None
+
+    case = Case("float32", 2, 3, 2, 8, ((0, 1, 2), (3, 4, 5)))
+    g, x = case.tensor(1, memory=layout), case.tensor(0)
+    assert 0 in g.stride()
+    outcome = Execution(Rope.apply).vjp((x,), case.positions_tensor(), (g,))
+    assert seen == [g.stride()]
+    (kind, message), = outcome.violations
+    assert kind == "grad-output" and "backward wrote into grad_output" in message
+    assert torch.equal(outcome.outputs[1], g)  # the gradient itself was right: a copy of g
+
+
+def test_vjp_of_several_arguments_and_outputs():
+    """Execution.vjp with args (q, k) and grads (gq, gk): outputs (q_out, k_out, dq, dk), a
+    missing dependency as None, an output that is not differentiable named by its index."""
+    import torch
+
+    from ropecheck.execution import Execution
+
+    q, k = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+    gq, gk = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+    positions = torch.zeros(1, 2, dtype=torch.int64)
+    outcome = Execution(lambda q, k, p: (2 * q, 3 * q + k)).vjp((q, k), positions, (gq, gk))
+    q_out, k_out, dq, dk = outcome.outputs
+    assert torch.equal(q_out, 2 * q) and torch.equal(k_out, 3 * q + k)
+    assert torch.allclose(dq, 2 * gq + 3 * gk) and torch.equal(dk, gk)
+    unused = Execution(lambda q, k, p: (2 * q, 3 * q)).vjp((q, k), positions, (gq, gk))
+    assert unused.outputs[3] is None
+    detached = Execution(lambda q, k, p: (2 * q, k.detach())).vjp((q, k), positions, (gq, gk))
+    assert detached.error[0] == "backward" and "output 1 does not require grad" in detached.error[1]
+    single = Execution(lambda q, k, p: 2 * q).vjp((q, k), positions, (gq, gk))
+    assert single.outputs is None and single.returned == "a Tensor"
+
+
 # --- say what is wrong, and how badly ------------------------------------------------------------
 
 def test_message_and_counterexample_describe_the_same_failure(tmp_path):
@@ -577,7 +633,9 @@ def test_families_keep_to_the_declared_range(tmp_path, family):
             {"return torch.from_numpy(conv.apply(x.double().numpy(), positions.numpy())).to(x.dtype)" if axial else
              "return tuple(torch.from_numpy(apply_xpos(t.double().numpy(), positions.numpy(), role=r)).to(t.dtype) for t, r in ((q, 'query'), (k, 'key')))"}
     ''')
-    result = check(write(tmp_path, "range_nd", source), *family, *FP32, *FAST, "--max-position", "300")
+    # numpy inside, no autograd: --no-backward
+    result = check(write(tmp_path, "range_nd", source), *family, *FP32, *FAST, "--max-position", "300",
+                   "--no-backward")
     assert result.exit_code == 0, result.output
 
 

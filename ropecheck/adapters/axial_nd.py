@@ -117,20 +117,20 @@ AXIAL_2D = {"family": "axial", "axes": 2, "layout": "interleaved"}
 
 register(Adapter(name="timm-rope-cat", library="timm", build=build_timm_cat, convention=None,
                  description="timm RotaryEmbeddingCat(in_pixels=False) + apply_rot_embed_cat (2-D axial)",
-                 modules=("timm",), install=TIMM_INSTALL, backward=False, max_position=GRID_MAX_POSITION,
+                 modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
                  notes="N-D target: positions (batch, seq, 2) = (row, column) on a grid"))
 ND_ADAPTERS["timm-rope-cat"] = dict(AXIAL_2D)
 
 register(Adapter(name="timm-rope-mixed", library="timm", build=build_timm_mixed, convention=None,
                  description="timm RotaryEmbeddingMixed (RoPE-Mixed, seeded frequencies; spec-free 2-D)",
-                 modules=("timm",), install=TIMM_INSTALL, backward=False, max_position=GRID_MAX_POSITION,
+                 modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
                  notes="N-D target: positions (batch, seq, 2); no reference (learnable frequencies)"))
 ND_ADAPTERS["timm-rope-mixed"] = {"family": "nd", "axes": 2}
 
 register(Adapter(name="rotary-embedding-torch-axial", library="rotary-embedding-torch", build=build_ret_axial,
                  convention=None, description="rotary-embedding-torch get_axial_freqs(H, W) + apply_rotary_emb "
                                               "(2-D axial, freqs_for='lang')",
-                 modules=("rotary_embedding_torch",), install=RET_INSTALL, backward=False,
+                 modules=("rotary_embedding_torch",), install=RET_INSTALL,
                  max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2) on a grid"))
 ND_ADAPTERS["rotary-embedding-torch-axial"] = dict(AXIAL_2D)
 
@@ -138,6 +138,6 @@ register(Adapter(name="rotary-embedding-torch-axial-offsets", library="rotary-em
                  build=build_ret_axial_offsets, convention=None,
                  description="rotary-embedding-torch get_axial_freqs(1, 1, offsets=(row, col)) per token "
                              "(2-D axial)",
-                 modules=("rotary_embedding_torch",), install=RET_INSTALL, backward=False,
+                 modules=("rotary_embedding_torch",), install=RET_INSTALL,
                  max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2), the offsets path"))
 ND_ADAPTERS["rotary-embedding-torch-axial-offsets"] = dict(AXIAL_2D)

@@ -85,7 +85,7 @@ def build_rope_index():
 register(Adapter(name="hf-qwen2vl-mrope", library="transformers", build=build_mrope, convention=None,
                  description=f"HF Qwen2VLRotaryEmbedding + apply_rotary_pos_emb, mrope_section {list(SECTIONS)} "
                              "(N-D: --family mrope)",
-                 modules=("transformers",), install=INSTALL, backward=False,
+                 modules=("transformers",), install=INSTALL,
                  notes="N-D target: positions (batch, seq, 3)"))
 register(Adapter(name="hf-qwen2vl-rope-index", library="transformers", build=build_rope_index, convention=None,
                  description="HF Qwen2VLModel.get_rope_index as a position builder (--family mrope-builder)",
@@ -96,7 +96,7 @@ ND_ADAPTERS["hf-qwen2vl-rope-index"] = {"family": "mrope-builder"}
 register(Adapter(name="hf-qwen3vl-mrope", library="transformers", build=build_qwen3vl_mrope, convention=None,
                  description=f"HF Qwen3VLTextRotaryEmbedding + apply_rotary_pos_emb, interleaved mrope_section "
                              f"{list(QWEN3_SECTIONS)} (N-D: --family mrope --mrope-interleaved)",
-                 modules=("transformers",), install=INSTALL, backward=False,
+                 modules=("transformers",), install=INSTALL,
                  notes="N-D target: positions (batch, seq, 3)"))
 ND_ADAPTERS["hf-qwen3vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, QWEN3_SECTIONS)),
                                    "layout": "half", "interleaved": True}
