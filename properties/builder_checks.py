@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import CheckFailure
-from properties.nd_checks import run_simple
+from properties.runner import run_simple
 from properties.runner import Result, RunOptions
 from reference import multimodal as mm
 from ropecheck.calling import CallError

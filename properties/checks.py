@@ -20,10 +20,9 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from properties.registry import property_registry
-from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, in_form, max_position_for, position_grids,
-                                   scales, within)
-from ropecheck.call_forms import CALL_FORMS
+from properties.property import Family, Property, family_registry
+from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases, in_form,
+                                   large_cases, max_position_for, position_grids, scales, within)
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Target
 from ropecheck.tolerance import ErrorModel
@@ -67,49 +66,49 @@ class Context:
         return y64 if self.convention is None else self.convention.unscale(y64)
 
 
-@dataclass(frozen=True)
-class Property:
-    name: str
-    formula: str
-    check: Callable  # check(ctx, case, **extras) -> float
-    extras: Callable = lambda ctx, case: st.just({})  # strategy of keyword extras
-    example_extras: Callable = lambda ctx, case: {}  # extras for the critical cases
-    needs_convention: bool = False
-    needs_backward: bool = False
-    # compares calls made at different position sets, so it needs theta to be the same
-    # in every call: a dynamic scaling (theta from the call's largest position) breaks it
-    # by design
-    same_theta_across_calls: bool = False
-    case_options: dict = field(default_factory=dict)
-    # fixed exotic inputs tried after the drawn ones: a refusal is a support note
-    probes: Callable = lambda ctx: ()
-    # the call forms (ropecheck.call_forms) it is defined for, and why not for the others
-    calls: tuple = tuple(CALL_FORMS)
-    calls_why: str = ""
-    large: int = 0  # how many of the fixed large inputs (strategies.large_cases) it tries too
-    # needs positions chosen per token (not offset + arange per row, all a target taking
-    # per-row offsets accepts)
-    per_token_positions: bool = False
+def _one_d_cases(prop, ctx: Context):
+    options = dict(prop.case_options)
+    options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
+    return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call,
+                 k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
 
-    def case_strategy(self, ctx: Context):
-        options = dict(self.case_options)
-        options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-        return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call,
-                     k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
 
-    def applies_to(self, target: Target) -> tuple[bool, str]:
-        if target.call not in self.calls:
-            return False, f"not defined for call form {target.call}: {self.calls_why}"
-        if self.per_token_positions and target.row_offsets:
-            return False, "needs positions chosen per token; the target takes per-row offsets"
-        if self.needs_convention and target.convention is None:
-            return False, "needs a declared convention (--layout)"
-        if self.needs_backward and not target.backward:
-            return False, "target declares no backward"
-        if self.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
-            return False, ("not promised: the declared dynamic scaling takes theta from each "
-                           "call's largest position")
-        return True, ""
+def _example_fits(prop, case) -> bool:
+    options = prop.case_options
+    return (case.batch >= options.get("min_batch", 1) and case.seq >= options.get("min_seq", 1)
+            and case.memory in options.get("memory", (case.memory,)))
+
+
+def _fixed_inputs(prop, ctx: Context) -> list:
+    """The fixed inputs: the critical cases, and the large ones for a property that
+    promises to try them; in the target's call form, within its position range."""
+    call = ctx.target.call
+    fixed = critical_cases(ctx.dtype, ctx.target.rotary_dim, call)
+    fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)[:prop.large]
+    out = []
+    for case in fixed:
+        if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
+            continue
+        p = case.positions_array()
+        if prop.case_options.get("positions", True) is False:
+            case = case.with_positions(np.zeros_like(p))
+            if call == "packed":  # sequences of one token each
+                case = replace(case, lengths=(1,) * case.seq)
+        elif p.max() > ctx.max_position:
+            case = within(case, ctx.max_position, ctx.target.row_offsets)
+        out.append((case, prop.example_extras(ctx, case)))
+    return out
+
+
+def _same_theta(prop, target: Target) -> tuple[bool, str]:
+    if prop.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
+        return False, ("not promised: the declared dynamic scaling takes theta from each "
+                       "call's largest position")
+    return True, ""
+
+
+# 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
+ONE_D = Family("1-D", Context, _one_d_cases, _fixed_inputs, _same_theta)
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ class Probe:
 
 
 PROPERTIES: dict[str, Property]
-PROPERTIES, register = property_registry(Property)
+PROPERTIES, register = family_registry(ONE_D)
 
 
 # --- shared pieces -----------------------------------------------------------------
@@ -480,7 +479,7 @@ def _where_pairs(ctx: Context, head_dim: int) -> str:
 @register(name="reference",
           formula="f(x, m) = R_m x, the float64 reference of the declared convention, "
                   "within the error model",
-          needs_convention=True, large=4)
+          needs_convention=True, large=4, sweeps=True)
 def reference_agreement(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     x64 = as_float64(x)

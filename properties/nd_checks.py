@@ -19,21 +19,19 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import torch
-from hypothesis import given, seed as hypothesis_seed, strategies as st
+from hypothesis import strategies as st
 
-from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import as_float64
-from properties.registry import property_registry
-from properties.runner import Result, RunOptions, Seen, failures_in, signature
+from properties.property import Family, Property, family_registry
 from properties.strategies import prime_step
 from reference.nd import PairRotation
-from ropecheck.calling import Caller, CallError
+from ropecheck.calling import Caller
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
 
@@ -137,19 +135,12 @@ def _norms(v):
     return np.linalg.norm(v, axis=-1)
 
 
-@dataclass(frozen=True)
-class NDProperty:
-    name: str
-    formula: str
-    check: Callable  # check(ctx, case, **extras) -> float
-    extras: Callable = lambda ctx, case: st.just({})
-    needs_convention: bool = False
-    needs_backward: bool = False
-    min_axes: int = 1
+# N-D RoPE (axial, M-RoPE, spec-free N-D): rope(x, positions) with positions (batch, seq, n_axes)
+ND = Family("N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype))
 
 
-ND_PROPERTIES: dict[str, NDProperty]
-ND_PROPERTIES, nd_register = property_registry(NDProperty)
+ND_PROPERTIES: dict[str, Property]
+ND_PROPERTIES, nd_register = family_registry(ND)
 
 
 @nd_register(name="contract", formula="y = f(x, P) has x's shape and dtype, is finite, leaves x and P untouched")
@@ -302,65 +293,3 @@ def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.
     bound[..., i] = pair
     bound[..., j] = pair
     return bound
-
-
-# --- running ------------------------------------------------------------------------
-
-def run_simple(name: str, formula: str, strategy, check: Callable, options: RunOptions, dtype: str,
-               reproduce: str = "") -> Result:
-    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``. As the 1-D runner:
-    the message and the counterexample come from the same failure, and the result keeps
-    the largest error any draw showed."""
-    result = Result(name, dtype, "passed", formula)
-    seen = Seen()
-
-    def attempt(drawn):
-        seen.count += 1
-        try:
-            error = check(drawn)
-        except Exception as failure:
-            seen.failed(drawn, failure)
-            raise
-        seen.passed(error)
-
-    test = options.settings()(given(strategy)(attempt))
-    if options.seed is not None:
-        test = hypothesis_seed(options.seed)(test)
-    start = time.perf_counter()
-    try:
-        test()
-    except Exception as raised:
-        exc = failures_in(raised)[0]
-        known = isinstance(exc, (CheckFailure, CallError))
-        result.status = "failed" if known else "error"
-        result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
-        drawn = seen.inputs.get(id(exc))
-        if drawn is not None:
-            result.counterexample = "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
-                                              for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
-        result.reproduce = reproduce
-        result.signature = signature(exc, result.counterexample)
-    result.max_error = seen.max if seen.count and (result.status == "passed" or seen.max > 1.0) else None
-    result.examples = seen.count
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def run_nd_property(prop: NDProperty, target: NDTarget, dtype: str, options: RunOptions,
-                    reproduce: str = "") -> Result:
-    if prop.needs_convention and target.convention is None:
-        return Result(prop.name, dtype, "skipped", prop.formula, message="needs a declared convention")
-    if prop.needs_backward and not target.backward:
-        return Result(prop.name, dtype, "skipped", prop.formula, message="target declares no backward")
-    ctx = NDContext(target, dtype, options.timeout)
-
-    @st.composite
-    def inputs(d):
-        case = d(nd_cases(target, dtype))
-        return case, d(prop.extras(ctx, case))
-
-    def check(drawn):
-        case, extras = drawn
-        return prop.check(ctx, case, **extras)
-
-    return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)

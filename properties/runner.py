@@ -1,5 +1,6 @@
-"""The one engine behind both front doors (the CLI and the pytest plugin): run a property
-against a target for one dtype under a hypothesis profile, and say what happened."""
+"""The one runner behind every front door (the CLI, the pytest plugin, the report): run a
+property of any family against a target for one dtype under a hypothesis profile, and say
+what happened."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from hypothesis import strategies as st
 
 from properties.accuracy import accuracy_sweep
 from properties.assertions import CheckFailure
-from properties.checks import PROPERTIES, Context, Property
+from properties.checks import PROPERTIES, Context
+from properties.property import Property
 from properties.diagnosis import likely_cause
-from properties.strategies import FREE_HEAD_DIMS, counts_up, critical_cases, large_cases, within
+from properties.strategies import FREE_HEAD_DIMS
 from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {
@@ -90,33 +92,6 @@ class RunOptions:
             suppress_health_check=list(HealthCheck),
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
             **chosen)
-
-
-def _example_fits(prop: Property, case) -> bool:
-    options = prop.case_options
-    return (case.batch >= options.get("min_batch", 1) and case.seq >= options.get("min_seq", 1)
-            and case.memory in options.get("memory", (case.memory,)))
-
-
-def _examples(prop: Property, ctx: Context) -> list:
-    """The fixed inputs: the critical cases, and the large ones for a property that
-    promises to try them; in the target's call form, within its position range."""
-    call = ctx.target.call
-    fixed = critical_cases(ctx.dtype, ctx.target.rotary_dim, call)
-    fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)[:prop.large]
-    out = []
-    for case in fixed:
-        if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
-            continue
-        p = case.positions_array()
-        if prop.case_options.get("positions", True) is False:
-            case = case.with_positions(np.zeros_like(p))
-            if call == "packed":  # sequences of one token each
-                case = replace(case, lengths=(1,) * case.seq)
-        elif p.max() > ctx.max_position:
-            case = within(case, ctx.max_position, ctx.target.row_offsets)
-        out.append((case, prop.example_extras(ctx, case)))
-    return out
 
 
 def failures_in(exc: BaseException) -> list:
@@ -192,14 +167,16 @@ def signature(exc: BaseException, counterexample: str) -> str:
 
 def run_property(prop: Property, target, dtype: str, options: RunOptions | None = None,
                  reproduce_hint: str = "") -> Result:
-    """Run one property on one dtype. TargetHung propagates (the caller stops the run)."""
+    """Run one property of any family on one dtype: its drawn inputs (shrunk to a minimal
+    counterexample on failure), then its family's fixed inputs, then its exotic probes.
+    TargetHung propagates (the caller stops the run)."""
     options = options or RunOptions()
     result = Result(prop.name, dtype, "passed", prop.formula)
     applies, why = prop.applies_to(target)
     if not applies:
         result.status, result.message = "skipped", why
         return result
-    ctx = Context(target, dtype, options.timeout)
+    ctx = prop.context(target, dtype, options.timeout)
     seen = Seen()
 
     @st.composite
@@ -227,14 +204,8 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
             raise
         seen.passed(error)
 
-    test = options.settings()(given(inputs())(attempt))
-    if options.seed is not None:
-        test = hypothesis_seed(options.seed)(test)
-
-    start = time.perf_counter()
-    try:
-        test()  # generated examples, shrunk to a minimal counterexample on failure
-        for drawn in _examples(prop, ctx):  # then the fixed critical inputs
+    def after_drawn():
+        for drawn in prop.fixed(ctx):  # the fixed inputs every run tries
             attempt(drawn)
         for probe in prop.probes(ctx):  # then the exotic inputs, where refusals are notes
             try:
@@ -244,6 +215,58 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
                     raise
                 said = str(exc).removeprefix("the target raised ")
                 result.notes.append(f"raises on {probe.what}: {said}")
+
+    start = time.perf_counter()
+    _run(result, seen, inputs(), attempt, options, reproduce_hint, after_drawn,
+         describe=lambda drawn: _describe(*drawn), whose=lambda exc, drawn: _whose_head(exc, drawn[0]))
+    if prop.sweeps:
+        _sweep(result, ctx, reproduce_hint)
+        if result.status == "failed":
+            result.diagnosis = _likely_cause(ctx)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def run_simple(name: str, formula: str, strategy, check, options: RunOptions, dtype: str,
+               reproduce: str = "") -> Result:
+    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``, for checks that
+    call no RoPE (the position builders, whose input is a list of segments)."""
+    result = Result(name, dtype, "passed", formula)
+    seen = Seen()
+
+    def attempt(drawn):
+        if seen.budget_spent():
+            raise _ShrinkBudgetSpent()
+        seen.count += 1
+        try:
+            error = check(drawn)
+        except Exception as failure:
+            seen.failed(drawn, failure)
+            raise
+        seen.passed(error)
+
+    def describe(drawn):
+        return "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
+                         for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
+
+    start = time.perf_counter()
+    _run(result, seen, strategy, attempt, options, reproduce, lambda: None, describe)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _run(result: Result, seen: Seen, strategy, attempt, options: RunOptions, reproduce_hint: str,
+         after_drawn, describe, whose=lambda exc, drawn: "") -> None:
+    """The one loop every check runs in: hypothesis over ``strategy`` (shrinking within the
+    budgets), then ``after_drawn()``; a failure is recorded in ``result`` with the input that
+    raised it (message and counterexample from the same failure), the largest error seen
+    either way."""
+    test = options.settings()(given(strategy)(attempt))
+    if options.seed is not None:
+        test = hypothesis_seed(options.seed)(test)
+    try:
+        test()
+        after_drawn()
     except (Exception, _ShrinkBudgetSpent) as raised:
         budget_spent = isinstance(raised, _ShrinkBudgetSpent)
         if budget_spent:
@@ -255,8 +278,8 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
         if drawn is not None:
-            result.message += _whose_head(exc, drawn[0])
-            result.counterexample = _describe(*drawn) + (
+            result.message += whose(exc, drawn)
+            result.counterexample = describe(drawn) + (
                 f" (shrinking stopped after {SHRINK_BUDGET:g} s or {CRASH_BUDGET} crashes: the "
                 "smallest found, perhaps not minimal)" if budget_spent else "")
         result.reproduce = _reproduce_line(exc, reproduce_hint)
@@ -267,12 +290,6 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     if result.status != "passed" and not seen.max > 1.0:
         result.max_error = None  # the failure is not a measured error (a raise, a crash, ...)
     result.examples = seen.count
-    if prop.name == "reference":
-        _sweep(result, ctx, reproduce_hint)
-        if result.status == "failed":
-            result.diagnosis = _likely_cause(ctx)
-    result.seconds = time.perf_counter() - start
-    return result
 
 
 # Elements of the largest drawn input, about: a call on more gets a proportionally longer

@@ -65,7 +65,7 @@ from hypothesis import strategies as st
 
 from properties.assertions import assert_close, assert_distinct
 from properties.cases import as_float64
-from properties.nd_checks import run_simple
+from properties.runner import run_simple
 from properties.registry import property_registry
 from properties.runner import Result, RunOptions
 from properties.strategies import prime_step

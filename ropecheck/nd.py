@@ -27,8 +27,8 @@ from types import SimpleNamespace
 from typing import Callable, NamedTuple, Optional
 
 from properties import builder_checks
-from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
-from properties.runner import Result, RunOptions
+from properties.nd_checks import ND_PROPERTIES, NDTarget
+from properties.runner import Result, RunOptions, run_property
 from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property,
                                    smoke_call)
 from reference import nd as ndref
@@ -222,7 +222,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
             registry = ND_PROPERTIES
 
             def run_one(name, dtype, command):
-                results = [run_nd_property(ND_PROPERTIES[name], t, dtype, options, command) for t in targets]
+                results = [run_property(ND_PROPERTIES[name], t, dtype, options, command) for t in targets]
                 bad = [r for r in results if r.status in ("failed", "error")]
                 return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
         for dtype in dtypes:

@@ -7,7 +7,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
+from properties.nd_checks import ND_PROPERTIES, NDTarget
+from properties.runner import run_property
 from properties.runner import RunOptions
 from reference.nd import axial
 from ropecheck.adapters import ADAPTERS
@@ -71,12 +72,12 @@ def _table_rope(limit):
 def test_checks_stay_within_a_declared_max_position(prop):
     target = NDTarget("table", _table_rope(300), 2, CONV, (8,), max_position=300)
     assert target.invertibility_step == 73  # the largest prime <= 300 / 4
-    assert run_nd_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
+    assert run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
 
 
 def test_without_the_declaration_the_table_target_is_driven_past_its_end():
     target = NDTarget("table", _table_rope(300), 2, CONV, (8,))
-    assert run_nd_property(ND_PROPERTIES["relativity-axis"], target, "float32", OPTIONS).status == "failed"
+    assert run_property(ND_PROPERTIES["relativity-axis"], target, "float32", OPTIONS).status == "failed"
 
 
 def test_max_position_below_the_smallest_usable_range_is_refused(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.nd_checks import ND_PROPERTIES, NDTarget, run_nd_property
+from properties.nd_checks import ND_PROPERTIES, NDTarget
+from properties.runner import run_property
 from properties.runner import RunOptions
 from reference.nd import axial, mrope
 from ropecheck.cli import main
@@ -47,7 +48,7 @@ def _noncommuting(x, positions):  # axis 0 on planes (0,1),(2,3).., axis 1 on (1
 def _result(fn, prop, conv=CONV, dtype="float32", declared=True, **kw):
     """``declared``: the target is checked with conv as its convention (else spec-free)."""
     target = NDTarget("t", fn, conv.n_axes, conv if declared else None, (conv.head_dim,), **kw)
-    return run_nd_property(ND_PROPERTIES[prop], target, dtype, OPTIONS)
+    return run_property(ND_PROPERTIES[prop], target, dtype, OPTIONS)
 
 
 def _status(fn, prop, conv=CONV):

@@ -1,0 +1,82 @@
+"""One Property record for every family, and the Family record that makes a family data.
+
+A Family (1-D RoPE, N-D / M-RoPE, xPos) says how a check's context is made for a target and
+a dtype (the Caller, the error model, the family's float64 reference), how inputs are drawn,
+which fixed inputs every run tries, and what else a property of the family needs of a
+target. A Property is one check, written once against its family's context and cases; it
+declares the call forms and capabilities it needs. ``properties.runner.run_property`` runs
+any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from hypothesis import strategies as st
+
+from properties.registry import property_registry
+from ropecheck.call_forms import CALL_FORMS
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    context: Callable  # (target, dtype, timeout) -> a context with .rope, its Caller
+    cases: Callable  # (prop, ctx) -> hypothesis strategy of cases
+    fixed: Callable = lambda prop, ctx: []  # (prop, ctx) -> [(case, extras)] every run tries
+    # (prop, target) -> (applies, why not): what the family adds to the common needs
+    applies: Callable = lambda prop, target: (True, "")
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    formula: str
+    check: Callable  # check(ctx, case, **extras) -> float (error in tolerance units)
+    family: Any = None  # its Family
+    extras: Callable = lambda ctx, case: st.just({})  # strategy of keyword extras
+    example_extras: Callable = lambda ctx, case: {}  # extras for the family's fixed inputs
+    needs_convention: bool = False
+    needs_backward: bool = False
+    # compares calls made at different position sets, so it needs theta to be the same
+    # in every call: a dynamic scaling (theta from the call's largest position) breaks it
+    # by design
+    same_theta_across_calls: bool = False
+    case_options: dict = field(default_factory=dict)  # what the family's case strategy takes
+    # fixed exotic inputs tried after the drawn ones: a refusal is a support note
+    probes: Callable = lambda ctx: ()
+    # the call forms (ropecheck.call_forms) it is defined for, and why not for the others
+    calls: tuple = tuple(CALL_FORMS)
+    calls_why: str = ""
+    large: int = 0  # how many of the fixed large inputs (strategies.large_cases) it tries too
+    # needs positions chosen per token (not offset + arange per row, all a target taking
+    # per-row offsets accepts)
+    per_token_positions: bool = False
+    sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
+
+    def context(self, target, dtype: str, timeout: Optional[float]):
+        return self.family.context(target, dtype, timeout)
+
+    def case_strategy(self, ctx):
+        return self.family.cases(self, ctx)
+
+    def fixed(self, ctx) -> list:
+        return self.family.fixed(self, ctx)
+
+    def applies_to(self, target) -> tuple[bool, str]:
+        call = getattr(target, "call", "x")
+        if call not in self.calls:
+            return False, f"not defined for call form {call}: {self.calls_why}"
+        if self.per_token_positions and getattr(target, "row_offsets", False):
+            return False, "needs positions chosen per token; the target takes per-row offsets"
+        if self.needs_convention and target.convention is None:
+            return False, "needs a declared convention (--layout)"
+        if self.needs_backward and not getattr(target, "backward", True):
+            return False, "target declares no backward"
+        return self.family.applies(self, target)
+
+
+def family_registry(family: Family) -> tuple[dict, Callable]:
+    """(registry, register) of one family's properties."""
+    return property_registry(lambda **fields: Property(family=family, **fields))
