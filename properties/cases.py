@@ -7,7 +7,7 @@ layout), a failure prints the Case, and ``Case.tensors()`` rebuilds the exact in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -120,6 +120,7 @@ class Case:
     k_heads: int = 0  # qk: k's heads
     separate: bool = False  # qk: q and k in storages of their own
     lengths: tuple = ()  # packed: sequence lengths, empty ones included
+    n_axes: Optional[int] = None  # N-D: positions (batch, seq, n_axes); None: 1-D, (batch, seq)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -127,7 +128,8 @@ class Case:
         return (self.batch, self.seq, self.heads + self.k_heads, self.head_dim)
 
     def positions_array(self) -> np.ndarray:
-        return np.asarray(self.positions, dtype=np.int64).reshape(self.batch, self.seq)
+        shape = (self.batch, self.seq) + ((self.n_axes,) if self.n_axes else ())
+        return np.asarray(self.positions, dtype=np.int64).reshape(shape)
 
     def positions_tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.positions_array())
@@ -149,11 +151,13 @@ class Case:
 
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace
-        p = np.asarray(positions, dtype=np.int64)
-        return replace(self, positions=tuple(map(tuple, p.tolist())))
+        return replace(self, positions=nested(positions))
 
     def describe(self) -> str:
         p = self.positions_array()
+        if self.n_axes:
+            return (f"x: shape {self.shape} {self.dtype}, seed {self.seed}; positions {p.tolist()} "
+                    f"({self.n_axes} axes)")
         rows = "; ".join(_short(row) for row in p)
         return (f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, "
                 f"seed {self.seed}; positions [{rows}]")
@@ -168,6 +172,12 @@ class Case:
             cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
             return f"call packed: x {(s, h, d)}, cu_seqlens [{_short(np.asarray(cu))}]"
         return f"x: shape {self.shape}"
+
+
+def nested(positions) -> tuple:
+    """Positions as nested tuples (a Case is hashable and printable)."""
+    p = np.asarray(positions, dtype=np.int64)
+    return tuple(nested(row) for row in p) if p.ndim > 1 else tuple(p.tolist())
 
 
 def _short(row: np.ndarray, limit: int = 10) -> str:

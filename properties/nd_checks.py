@@ -27,7 +27,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, assert_close, assert_distinct
-from properties.cases import as_float64
+from properties.cases import Case, as_float64, nested
 from properties.property import Family, Property, family_registry
 from properties.strategies import prime_step
 from reference.nd import PairRotation
@@ -77,26 +77,6 @@ class NDTarget:
         return max(self.limit - int(positions.max()), 1)
 
 
-@dataclass(frozen=True)
-class NDCase:
-    dtype: str
-    shape: tuple  # (batch, seq, heads, head_dim)
-    positions: tuple  # nested (batch, seq, n_axes)
-    seed: int = 0
-
-    def positions_array(self) -> np.ndarray:
-        b, s = self.shape[:2]
-        return np.asarray(self.positions, dtype=np.int64).reshape(b, s, -1)
-
-    def tensor(self, salt: int = 0) -> torch.Tensor:
-        v = np.random.default_rng([self.seed, salt]).standard_normal(self.shape)
-        return torch.from_numpy(v).to(torch_dtype(self.dtype))
-
-    def describe(self) -> str:
-        return (f"x: shape {self.shape} {self.dtype}, seed {self.seed}; positions "
-                f"{self.positions_array().tolist()}")
-
-
 def nd_cases(target: NDTarget, dtype: str):
     @st.composite
     def draw(d):
@@ -106,8 +86,7 @@ def nd_cases(target: NDTarget, dtype: str):
         base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
         p = d(st.lists(st.integers(0, 64), min_size=b * s * target.n_axes, max_size=b * s * target.n_axes))
         p = (np.asarray(p, dtype=np.int64) + base).reshape(b, s, target.n_axes)
-        return NDCase(dtype, (b, s, h, head_dim), tuple(map(tuple, p.reshape(b * s, -1).tolist())),
-                      d(st.integers(0, 2**16)))
+        return Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
     return draw()
 
 
@@ -144,13 +123,13 @@ ND_PROPERTIES, nd_register = family_registry(ND)
 
 
 @nd_register(name="contract", formula="y = f(x, P) has x's shape and dtype, is finite, leaves x and P untouched")
-def nd_contract(ctx: NDContext, case: NDCase) -> float:
+def nd_contract(ctx: NDContext, case: Case) -> float:
     ctx.rope(case.tensor(), torch.from_numpy(case.positions_array()))  # the Caller checks all of it
     return 0.0
 
 
 @nd_register(name="identity", formula="f(x, 0) = x")
-def nd_identity(ctx: NDContext, case: NDCase) -> float:
+def nd_identity(ctx: NDContext, case: Case) -> float:
     x = case.tensor()
     x64, p = as_float64(x), np.zeros_like(case.positions_array())
     bound = ctx.model.vector_bound(_norms(x64), p[..., 0])
@@ -159,7 +138,7 @@ def nd_identity(ctx: NDContext, case: NDCase) -> float:
 
 
 @nd_register(name="orthogonality", formula="|f(x, P)| = |x|")
-def nd_orthogonality(ctx: NDContext, case: NDCase) -> float:
+def nd_orthogonality(ctx: NDContext, case: Case) -> float:
     x, p = case.tensor(), case.positions_array()
     x64 = as_float64(x)
     return assert_close(_norms(ctx.f(x, p)), _norms(x64), ctx.model.norm_bound(_norms(x64)),
@@ -175,7 +154,7 @@ def _scores(ctx, q, k, p):
     return s, bound
 
 
-def _relativity(ctx: NDContext, case: NDCase, shift: np.ndarray, what: str) -> float:
+def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> float:
     q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
     s0, b0 = _scores(ctx, q, k, p)
     s1, b1 = _scores(ctx, q, k, p + shift)
@@ -189,7 +168,7 @@ def _shift_extra(ctx, case):
 
 @nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
              extras=_shift_extra)
-def nd_relativity_axis(ctx: NDContext, case: NDCase, axis: int, c: int) -> float:
+def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
     shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
     shift[axis] = c
     return _relativity(ctx, case, shift, f"scores after shifting axis {axis} by {c}")
@@ -200,7 +179,7 @@ def nd_relativity_axis(ctx: NDContext, case: NDCase, axis: int, c: int) -> float
                  st.integers(-int(case.positions_array().min()), min(4096, ctx.target.room(case.positions_array()))),
                  min_size=ctx.target.n_axes,
                  max_size=ctx.target.n_axes)}))
-def nd_relativity_joint(ctx: NDContext, case: NDCase, c: list) -> float:
+def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
 
 
@@ -208,7 +187,7 @@ def nd_relativity_joint(ctx: NDContext, case: NDCase, c: list) -> float:
              extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
                  st.integers(0, min(4096, ctx.target.room(case.positions_array()))), min_size=ctx.target.n_axes,
                  max_size=ctx.target.n_axes)}))
-def nd_commutation(ctx: NDContext, case: NDCase, q: list) -> float:
+def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.positions_array()
     q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
     once = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
@@ -223,7 +202,7 @@ def nd_commutation(ctx: NDContext, case: NDCase, q: list) -> float:
 @nd_register(name="invertibility",
              formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
                      "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)")
-def nd_invertibility(ctx: NDContext, case: NDCase) -> float:
+def nd_invertibility(ctx: NDContext, case: Case) -> float:
     c = ctx.target.invertibility_step
     p = case.positions_array() + c  # keeps P + c (e_j - e_k) >= 0
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
@@ -242,7 +221,7 @@ def nd_invertibility(ctx: NDContext, case: NDCase) -> float:
 
 @nd_register(name="reference", formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
              needs_convention=True)
-def nd_reference(ctx: NDContext, case: NDCase) -> float:
+def nd_reference(ctx: NDContext, case: Case) -> float:
     conv = ctx.target.convention
     x, p = case.tensor(), case.positions_array()
     x64 = as_float64(x)
@@ -256,7 +235,7 @@ def nd_reference(ctx: NDContext, case: NDCase) -> float:
              formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
                      "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
              needs_backward=True)
-def nd_backward(ctx: NDContext, case: NDCase) -> float:
+def nd_backward(ctx: NDContext, case: Case) -> float:
     """The target's own VJP at (x, P) applied to g. Adjoint identity, spec-free: VJP(g) = A^T g
     for the Jacobian A = R_P that f applies, so <VJP(g), v> = <g, f(v, P)> per head vector
     (tokens do not mix). Error model: each side is a computed head vector (|VJP(g)| = |g|,
