@@ -11,8 +11,8 @@ with the float64 reference of the declared convention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,21 +20,16 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from properties.property import Family, Property, family_registry
+from properties.property import Family, FamilyContext, Property, family_registry
 from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases, in_form,
                                    large_cases, max_position_for, position_grids, scales, within)
-from ropecheck.calling import Caller, CallError
+from ropecheck.calling import CallError
 from ropecheck.target import Target
-from ropecheck.tolerance import ErrorModel
 
 
 @dataclass
-class Context:
-    target: Target
-    dtype: str
-    timeout: Optional[float] = 20.0
-    rope: Caller = field(init=False)
-    model: ErrorModel = field(init=False)
+class Context(FamilyContext):
+    """The 1-D family's context: the declared convention, its amplitude and position range."""
 
     @property
     def max_position(self) -> int:
@@ -47,9 +42,8 @@ class Context:
         cos/sin up to the largest position it sees (``strategies.max_position_for``)."""
         return min(self.max_position, max_position_for(head_dim))
 
-    def __post_init__(self):
-        self.rope = Caller(self.target, self.timeout)
-        self.model = ErrorModel(self.dtype, extra_ops=0 if self.amplitude == 1.0 else 1)
+    def extra_ops(self) -> int:
+        return 0 if self.amplitude == 1.0 else 1  # the amplitude's product
 
     @property
     def convention(self):

@@ -19,7 +19,7 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -28,10 +28,9 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
-from properties.property import Family, Property, family_registry
+from properties.property import Family, FamilyContext, Property, family_registry
 from properties.strategies import prime_step
 from reference.nd import PairRotation
-from ropecheck.calling import Caller
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
 
@@ -91,16 +90,8 @@ def nd_cases(target: NDTarget, dtype: str):
 
 
 @dataclass
-class NDContext:
-    target: NDTarget
-    dtype: str
-    timeout: Optional[float] = 20.0
-    rope: Caller = field(init=False)
-    model: ErrorModel = field(init=False)
-
-    def __post_init__(self):
-        self.rope = Caller(self.target, self.timeout)
-        self.model = ErrorModel(self.dtype)
+class NDContext(FamilyContext):
+    """The N-D family's context: f in float64 and the generic per-unit-norm bound."""
 
     def f(self, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
         return as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64))))

@@ -17,6 +17,30 @@ from hypothesis import strategies as st
 
 from properties.registry import property_registry
 from ropecheck.call_forms import CALL_FORMS
+from ropecheck.calling import Caller
+from ropecheck.tolerance import ErrorModel
+
+
+@dataclass
+class FamilyContext:
+    """What a check works with, in every family: the target behind its Caller (``rope``:
+    the calling layer, its call form, time limit and contract) and the dtype's error model.
+    A family's context adds its own helpers (the 1-D convention, the N-D per-axis bound)."""
+
+    target: Any
+    dtype: str
+    timeout: Optional[float] = 20.0
+    rope: Any = field(init=False)
+    model: ErrorModel = field(init=False)
+    caller = Caller  # the family's Caller type
+
+    def __post_init__(self):
+        self.rope = self.caller(self.target, self.timeout)
+        self.model = ErrorModel(self.dtype, extra_ops=self.extra_ops())
+
+    def extra_ops(self) -> int:
+        """Operations of the compute dtype the family's outputs take beyond a rotation."""
+        return 0
 
 
 @dataclass(frozen=True)

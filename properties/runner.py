@@ -8,7 +8,7 @@ import math
 import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
