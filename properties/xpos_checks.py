@@ -18,7 +18,23 @@ what xPos promises (relativity of the scaled product, not of norms):
 Checks: contract; reference-scores (every s(m, n), computed in float64 from the outputs, vs
 the float64 reference); relativity (all positions shifted by c: scores unchanged);
 position-used (moving one token by 1009 changes its scores with the others: the relative
-distance is used).
+distance is used); backward (targets that declare it: the VJP for q and k, see below).
+
+Backward. f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i, so the VJP is
+dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i. The centre c
+is unknown, so dq alone cannot be compared with a reference; what can be checked exactly
+without it:
+- the adjoint identity, for q and k each: <dq, vq> = <gq, q_out(vq, vk)> and <dk, vk> =
+  <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the Jacobian
+  its own forward applies, at its own centre; q_out depends on q alone);
+- the gradient scores, where c cancels as in the scores: dq[m] . dk[n] = sum_i
+  zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64 reference (xPos with the roles
+  swapped at positions -m, -n). With the adjoint identity this pins the VJP to the
+  reference up to what the scores leave free in the forward too (per pair, a factor on q
+  and its inverse on k, as the centre's zeta_i^(-c/s); a rotation common to all
+  positions). A key gradient with the query's scale or rotated by +n fails the adjoint
+  identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a scale in
+  bfloat16) is that forward's exact transpose and fails the gradient scores.
 
 Error model (per score, written with relative errors so that c cancels from the prefactor).
 Pair i of the query output is zeta_i^((m-c)/s) R_m q_i times (1 + e_q), |e_q| <= eps_i(m), and
@@ -42,6 +58,20 @@ eps_i(m), the relative error of one output pair, has three parts:
    largest position the run draws (true of both libraries; an implementation caching its
    scales may centre on an earlier, longer call), |m - c| <= max(|m|, M - |m|).
 
+The backward's error model is the forward's: a VJP pair is zeta_i^((m-c)/s) R_m^T g_i times
+(1 + e), |e| <= eps_i(m) (the same rotation by m theta_i, transposed, and the same scale).
+The gradient scores therefore take the score bound above with (gq, gk) for (q, k) and (dq,
+dk) for the outputs. The adjoint identity: both sides are exactly equal, and each pair term
+is off by at most eps_i times its exact size, which is unknown (it carries zeta^((m-c)/s))
+but at most the computed size / (1 - eps_i); so, per head vector,
+
+    |<dq, vq> - <gq, q_out(vq)>| <= sum_i eps_i/(1 - eps_i) (|dq_i| |vq_i| + |gq_i| |q_out_i|)
+                                    + floor (|vq|_1 + |gq|_1),
+
+|.|_i the computed pair norms; likewise for k. A wrong VJP gains little from the computed
+sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i| |vq_i| and
+moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for a random vq.
+
 Buggy targets land far outside: a scale formed or stored in bfloat16/float16 errs by 2^-9 /
 2^-11 relative (100 to 500 times the float32 allowance); a wrong gamma, a key scaled by
 zeta^(+n/s) or no scale at all change scores by a factor zeta^(+-1/s) - 1 >= 2.4e-3 per unit
@@ -63,7 +93,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import assert_close, assert_distinct
+from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import as_float64
 from properties.runner import run_simple
 from properties.registry import property_registry
@@ -105,6 +135,15 @@ class XposConvention:
         kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         return _scores(apply_xpos(q64, positions, role="query", **kw),
                        apply_xpos(k64, positions, role="key", **kw))
+
+    def gradient_scores(self, gq64, gk64, positions) -> np.ndarray:
+        """Reference dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i for the
+        VJP at positions m, n: xPos with the roles swapped at -m, -n (the key role scales by
+        zeta^(+m/s), R_{-m} = R_m^T)."""
+        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
+        negated = -np.asarray(positions)
+        return _scores(apply_xpos(gq64, negated, role="key", **kw),
+                       apply_xpos(gk64, negated, role="query", **kw))
 
 
 @dataclass
@@ -297,6 +336,48 @@ def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
                            axes=("batch", "head"),
                            what=f"moving the last token by {step} leaves its scores unchanged: "
                                 "the position is not used")
+
+
+def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
+    """The backward's adjoint bound of the module docstring, per head vector (batch, seq,
+    heads): eps (batch, seq, d/2); grad, vector, vjp, forward (batch, seq, heads, d) in
+    float64, the pairs in their layout's order (the same for all four)."""
+    relative = (eps / (1.0 - eps))[:, :, None, :]
+    pairs = lambda t: np.hypot(t[..., 0::2], t[..., 1::2])
+    terms = pairs(vjp) * pairs(vector) + pairs(grad) * pairs(forward)
+    return np.sum(relative * terms, -1) + floor * (np.abs(vector).sum(-1) + np.abs(grad).sum(-1))
+
+
+@xpos_register(name="backward", needs_backward=True,
+               formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
+                       "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
+                       "centre-free)")
+def xpos_backward(ctx: XposContext, case: XposCase) -> float:
+    """The target's VJP at (q, k) with incoming gradients (gq, gk): the adjoint identity for
+    each of q and k against the target's own forward, then the gradient scores against the
+    float64 reference (module docstring: what c leaves checkable, and the error model)."""
+    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
+    gq, gk, vq, vk = (case.tensor(salt) for salt in (2, 3, 4, 5))
+    positions = torch.from_numpy(p)
+    dq, dk = (as_float64(t) for t in ctx.call.vjp_pair(q, k, positions, gq, gk))
+    fq, fk = (as_float64(t) for t in ctx.call(vq, vk, positions))
+    conv = ctx.target.convention
+    first, second = pair_indices(case.shape[-1], conv.layout)
+    order = np.stack([first, second], -1).reshape(-1)  # pair i at features 2i, 2i + 1
+    eps = ctx.pair_error(p, case.shape[-1])
+    worst = 0.0
+    for name, vjp, g, v, forward in (("q", dq, gq, vq, fq), ("k", dk, gk, vk, fk)):
+        g64, v64 = as_float64(g), as_float64(v)
+        bound = _adjoint_bound(eps, g64[..., order], v64[..., order], vjp[..., order], forward[..., order],
+                               ctx.model.floor)
+        worst = max(worst, assert_close(np.sum(vjp * v64, -1), np.sum(g64 * forward, -1), bound, axes=AXES_3D,
+                                        what=f"adjoint identity for {name}: <d{name}, v{name}> = "
+                                             f"<g{name}, {name}_out(v{name})> per head"))
+    gq64, gk64 = as_float64(gq), as_float64(gk)
+    scores = assert_close(_scores(dq, dk), conv.gradient_scores(gq64, gk64, p), ctx.score_bound(gq64, gk64, p, dq, dk),
+                          axes=SCORE_AXES, what=f"gradient scores dq[m] . dk[n] vs the float64 reference "
+                                                f"({conv.description})")
+    return max(worst, scores)
 
 
 def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Optional[str]:

@@ -2,6 +2,7 @@
 each deliberately broken variant fails the check meant for it; the CLI's exit codes; the two
 library adapters."""
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -18,8 +19,10 @@ OPTIONS = RunOptions(profile="ci", max_examples=8)
 
 
 def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.float32, scaled=True,
-              positions_used=True, centre=True):
-    """A float32 torch xPos; the keyword arguments break it one way each."""
+              positions_used=True, centre=True, key_grad=None):
+    """A float32 torch xPos; the keyword arguments break it one way each. ``key_grad``: a
+    hand-written backward (a custom autograd.Function) whose key gradient is "correct",
+    takes the "query-scale" zeta^(+p) or rotates by +n ("rotation-sign")."""
     def xpos(q, k, positions):
         d = q.shape[-1]
         first, second = (torch.from_numpy(a) for a in pair_indices(d, layout))
@@ -32,19 +35,37 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
         scale_q = (zeta ** power).to(scale_dtype).to(torch.float32) if scaled else 1.0
         scale_k = (zeta ** (key_sign * power)).to(scale_dtype).to(torch.float32) if scaled else 1.0
 
-        def rotate(x, scale):
+        def rotate(x, scale, sign=1.0):
             a, b = x[..., first].float(), x[..., second].float()
+            cos, sin = angle.cos(), sign * angle.sin()
             out = torch.empty_like(x, dtype=torch.float32)
-            out[..., first] = (a * angle.cos() - b * angle.sin()) * scale
-            out[..., second] = (a * angle.sin() + b * angle.cos()) * scale
+            out[..., first] = (a * cos - b * sin) * scale
+            out[..., second] = (a * sin + b * cos) * scale
             return out.to(x.dtype)
-        return rotate(q, scale_q), rotate(k, scale_k)
+        if key_grad is None:
+            return rotate(q, scale_q), rotate(k, scale_k)
+
+        class Xpos(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k):
+                return rotate(q, scale_q), rotate(k, scale_k)
+
+            @staticmethod
+            def backward(ctx, gq, gk):  # VJP: zeta^p R_m^T gq, zeta^-p R_n^T gk
+                dk = {"correct": lambda: rotate(gk, scale_k, -1.0), "query-scale": lambda: rotate(gk, scale_q, -1.0),
+                      "rotation-sign": lambda: rotate(gk, scale_k)}[key_grad]()
+                return rotate(gq, scale_q, -1.0), dk
+        return Xpos.apply(q, k)
     return xpos
 
 
+def _result(fn, prop, layout="interleaved", dtype="float32", **kw):
+    target = XposTarget("t", fn, XposConvention(layout), head_dims=(8, 16), **kw)
+    return run_xpos_property(XPOS_PROPERTIES[prop], target, dtype, OPTIONS)
+
+
 def _status(fn, prop, layout="interleaved"):
-    target = XposTarget("t", fn, XposConvention(layout), head_dims=(8, 16))
-    return run_xpos_property(XPOS_PROPERTIES[prop], target, "float32", OPTIONS).status
+    return _result(fn, prop, layout).status
 
 
 def test_reference_layouts_are_one_map_up_to_the_permutation():
@@ -76,6 +97,44 @@ def test_broken_xpos_fails_its_checks(broken, fails):
         assert _status(make_xpos(**broken), prop) == "failed", prop
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("centre", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_backward_passes_a_hand_written_correct_vjp(layout, centre, dtype):
+    fn = make_xpos(layout, centre=centre, key_grad="correct")
+    assert _result(fn, "backward", layout, dtype).status == "passed"
+
+
+@pytest.mark.parametrize("key_grad, fails", [
+    ("query-scale", "adjoint identity for k"),  # dk scaled by zeta^(+p), the query's scale
+    ("rotation-sign", "adjoint identity for k"),  # dk = R_n gk, not R_n^T gk
+])
+@pytest.mark.parametrize("centre", [True, False])
+def test_backward_catches_a_wrong_key_gradient(key_grad, fails, centre):
+    result = _result(make_xpos(centre=centre, key_grad=key_grad), "backward")
+    assert result.status == "failed" and fails in result.message, result.message
+
+
+@pytest.mark.parametrize("broken", [dict(key_sign=1.0), dict(scaled=False), dict(scale_dtype=torch.bfloat16)])
+def test_backward_gradient_scores_catch_what_the_adjoint_cannot(broken):
+    """A wrong forward has a VJP that is its exact transpose: the adjoint identity holds, and
+    the centre-free gradient scores (float64 reference) fail it."""
+    result = _result(make_xpos(**broken), "backward")
+    assert result.status == "failed" and "gradient scores" in result.message, result.message
+
+
+def test_backward_needs_autograd_or_a_declaration():
+    good = make_xpos()
+    no_autograd = lambda q, k, p: tuple(t.detach() for t in good(q, k, p))
+    result = _result(no_autograd, "backward")
+    assert result.status == "failed" and "declare --no-backward" in result.message, result.message
+    k_detached = lambda q, k, p: (good(q, k, p)[0], good(q, k, p)[1].detach())
+    result = _result(k_detached, "backward")
+    assert result.status == "failed" and "output 1 does not require grad" in result.message, result.message
+    result = _result(no_autograd, "backward", backward=False)
+    assert result.status == "skipped" and result.message == "target declares no backward"
+
+
 def _pair_contract_breakers():
     yield lambda q, k, p: q  # one tensor, not a pair
     yield lambda q, k, p: (q, k, q)
@@ -97,11 +156,16 @@ def test_cli_xpos_exit_codes(tmp_path):
     good = tmp_path / "xp.py"
     good.write_text("from tests.test_xpos_checks import make_xpos\n"
                     "good = make_xpos('half')\nbad = make_xpos('half', key_sign=1.0)\n"
-                    "def single(q, k, p):\n    return good(q, k, p)[0]\n")
+                    "def single(q, k, p):\n    return good(q, k, p)[0]\n"
+                    "def detached(q, k, p):\n    return tuple(t.detach() for t in good(q, k, p))\n")
     run = lambda *a: CliRunner().invoke(main, ["check", *a, "--family", "xpos", "--layout", "half", "--profile", "ci",
                                                "--max-examples", "4", "--dtype", "float32"])
     assert run(f"{good}:good").exit_code == 0
     assert run(f"{good}:bad").exit_code == 1
+    r = run(f"{good}:detached")  # no autograd: the backward check fails unless --no-backward says so
+    assert r.exit_code == 1 and "declare --no-backward" in r.output, r.output
+    r = run(f"{good}:detached", "--no-backward")
+    assert r.exit_code == 0 and re.search(r"backward\s*│\s*skip", r.output), r.output
     r = run(f"{good}:single")
     assert r.exit_code == 2 and "expected a pair" in r.output and "Traceback" not in r.output
     r = run(f"{good}:good", "--gamma", "-1")

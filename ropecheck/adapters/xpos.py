@@ -81,11 +81,11 @@ register(Adapter(name="rotary-embedding-torch-xpos", library="rotary-embedding-t
                  build=build_rotary_embedding_torch, convention=None,
                  description="RotaryEmbedding(use_xpos=True).rotate_queries_and_keys (xPos: --family xpos)",
                  modules=("rotary_embedding_torch",), install="pip install rotary-embedding-torch==0.9.1 torch==2.13.0",
-                 backward=False, notes="xPos target: consecutive positions 0 .. max(positions) only (no offsets); "
+                 notes="xPos target: consecutive positions 0 .. max(positions) only (no offsets); "
                                        "tokens are read back from their positions"))
 register(Adapter(name="x-transformers-xpos", library="x-transformers", build=build_x_transformers, convention=None,
                  description="RotaryEmbedding(use_xpos=True)(positions) + apply_rotary_pos_emb (xPos: --family xpos)",
                  modules=("x_transformers",), install="pip install x-transformers==2.31.10 torch==2.13.0",
-                 backward=False, notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)"))
+                 notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)"))
 ND_ADAPTERS["rotary-embedding-torch-xpos"] = {"family": "xpos", "layout": "interleaved"}
 ND_ADAPTERS["x-transformers-xpos"] = {"family": "xpos", "layout": "interleaved"}
