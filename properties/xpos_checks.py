@@ -94,16 +94,14 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, assert_close, assert_distinct
-from properties.cases import as_float64
-from properties.runner import run_simple
-from properties.registry import property_registry
-from properties.runner import Result, RunOptions
+from properties.cases import Case, as_float64, nested
+from properties.property import Family, FamilyContext, Property, family_registry
 from properties.strategies import prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate_named
 from ropecheck.dtypes import torch_dtype
-from ropecheck.tolerance import U32, ErrorModel
+from ropecheck.tolerance import U32
 
 XPOS_MAX_POSITION = 4096
 XPOS_OPS = 3.0  # the scale: rounded to the compute dtype, its reciprocal, the extra product
@@ -185,27 +183,9 @@ class PairCaller(Caller):
         return self.vjp_many((q, k), positions, (gq, gk), names=("q", "k"), outputs=("q_out", "k_out"))
 
 
-@dataclass(frozen=True)
-class XposCase:
-    dtype: str
-    shape: tuple  # (batch, seq, heads, head_dim)
-    positions: tuple  # nested (batch, seq)
-    seed: int = 0
-
-    def positions_array(self) -> np.ndarray:
-        return np.asarray(self.positions, dtype=np.int64).reshape(self.shape[:2])
-
-    def tensor(self, salt: int) -> torch.Tensor:
-        v = np.random.default_rng([self.seed, salt]).standard_normal(self.shape)
-        return torch.from_numpy(v).to(torch_dtype(self.dtype))
-
-    def describe(self) -> str:
-        return (f"q, k: shape {self.shape} {self.dtype}, seed {self.seed} (q salt 0, k salt 1); "
-                f"positions {self.positions_array().tolist()}")
-
-
 def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0):
-    """Positions in 0 .. max_position - headroom: a tight cluster or spread over the range."""
+    """q and k (salts 0 and 1 of a Case); positions in 0 .. max_position - headroom: a tight
+    cluster or spread over the range."""
     top = target.max_position - headroom
 
     @st.composite
@@ -216,8 +196,8 @@ def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int =
         start = max(0, min(start, top - spread))
         p = d(st.lists(st.integers(0, spread), min_size=b * s, max_size=b * s))
         p = (np.asarray(p, dtype=np.int64) + start).reshape(b, s)
-        return XposCase(dtype, (b, s, h, d(st.sampled_from(target.head_dims))), tuple(map(tuple, p.tolist())),
-                        d(st.integers(0, 2**16)))
+        return Case(dtype, b, s, h, d(st.sampled_from(target.head_dims)), nested(p),
+                    seed=d(st.integers(0, 2**16)), names="q, k")
     return draw()
 
 
@@ -226,20 +206,14 @@ def _scores(q, k) -> np.ndarray:
 
 
 @dataclass
-class XposContext:
-    target: XposTarget
-    dtype: str
-    timeout: Optional[float] = 20.0
-    call: PairCaller = field(init=False)
-    model: ErrorModel = field(init=False)
+class XposContext(FamilyContext):
+    """The xPos family's context: scores of (q_out, k_out) and their error model."""
 
-    def __post_init__(self):
-        self.call = PairCaller(self.target, self.timeout)
-        self.model = ErrorModel(self.dtype)
+    caller = PairCaller
 
     def scores(self, q, k, positions: np.ndarray) -> tuple:
         """(scores, allowed error), each (batch, heads, query, key), in float64."""
-        qo, ko = self.call(q, k, torch.from_numpy(np.array(positions, dtype=np.int64)))
+        qo, ko = self.rope(q, k, torch.from_numpy(np.array(positions, dtype=np.int64)))
         qo, ko = as_float64(qo), as_float64(ko)
         return _scores(qo, ko), self.score_bound(as_float64(q), as_float64(k), positions, qo, ko)
 
@@ -268,31 +242,30 @@ class XposContext:
         return bound + floor
 
 
-@dataclass(frozen=True)
-class XposProperty:
-    name: str
-    formula: str
-    check: Callable  # check(ctx, case, **extras) -> float
-    extras: Callable = lambda ctx, case: st.just({})
-    min_seq: int = 1
-    headroom: int = 0  # positions drawn up to max_position - headroom
-    needs_backward: bool = False
+def _xpos_cases(prop, ctx: XposContext):
+    options = prop.case_options
+    return xpos_cases(ctx.target, ctx.dtype, options.get("min_seq", 1),
+                      min(options.get("headroom", 0), ctx.target.position_step))
 
 
-XPOS_PROPERTIES: dict[str, XposProperty]
-XPOS_PROPERTIES, xpos_register = property_registry(XposProperty)
+# xPos: xpos(q, k, positions) -> (q_out, k_out), a q/k family with a scale model
+XPOS = Family("xPos", XposContext, _xpos_cases)
+
+
+XPOS_PROPERTIES: dict[str, Property]
+XPOS_PROPERTIES, xpos_register = family_registry(XPOS)
 
 
 @xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's shape and dtype, "
                                         "finite, q, k and P untouched")
-def xpos_contract(ctx: XposContext, case: XposCase) -> float:
-    ctx.call(case.tensor(0), case.tensor(1), torch.from_numpy(case.positions_array()))  # checks all of it
+def xpos_contract(ctx: XposContext, case: Case) -> float:
+    ctx.rope(case.tensor(0), case.tensor(1), torch.from_numpy(case.positions_array()))  # checks all of it
     return 0.0
 
 
 @xpos_register(name="reference-scores",
                formula="q_out[m] . k_out[n] = sum_i zeta_i^((m-n)/s) [R_m q]_i . [R_n k]_i (float64 reference)")
-def xpos_reference_scores(ctx: XposContext, case: XposCase) -> float:
+def xpos_reference_scores(ctx: XposContext, case: Case) -> float:
     q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
     got, bound = ctx.scores(q, k, p)
     expected = ctx.target.convention.scores(as_float64(q), as_float64(k), p)
@@ -303,17 +276,17 @@ def xpos_reference_scores(ctx: XposContext, case: XposCase) -> float:
 @xpos_register(name="relativity", formula="scores at P + c = scores at P (all positions shifted by c)",
                extras=lambda ctx, case: st.fixed_dictionaries({"c": st.integers(
                    -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max()))}))
-def xpos_relativity(ctx: XposContext, case: XposCase, c: int) -> float:
+def xpos_relativity(ctx: XposContext, case: Case, c: int) -> float:
     q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
     s0, b0 = ctx.scores(q, k, p)
     s1, b1 = ctx.scores(q, k, p + c)
     return assert_close(s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}")
 
 
-@xpos_register(name="position-used", min_seq=2, headroom=POSITION_STEP,
+@xpos_register(name="position-used", case_options={"min_seq": 2, "headroom": POSITION_STEP},
                formula="moving the last token by c = 1009 (less in a smaller declared range) changes its scores with the others (distance is used); "
                        "q = k = u, the unit vector of pair 0")
-def xpos_position_used(ctx: XposContext, case: XposCase) -> float:
+def xpos_position_used(ctx: XposContext, case: Case) -> float:
     """With q = k = u on pair 0 alone, s(m, n) = zeta_0^((m-n)/s) cos((m-n) theta_0): one term, so
     the noise cannot cancel against other pairs. Moving the key by c = 1009 multiplies it by
     zeta_0^(-c/s) ~ 11.8 (gamma 0.4) and turns it by c theta_0; moving the query divides it.
@@ -352,15 +325,15 @@ def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
                formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
                        "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
                        "centre-free)")
-def xpos_backward(ctx: XposContext, case: XposCase) -> float:
+def xpos_backward(ctx: XposContext, case: Case) -> float:
     """The target's VJP at (q, k) with incoming gradients (gq, gk): the adjoint identity for
     each of q and k against the target's own forward, then the gradient scores against the
     float64 reference (module docstring: what c leaves checkable, and the error model)."""
     q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
     gq, gk, vq, vk = (case.tensor(salt) for salt in (2, 3, 4, 5))
     positions = torch.from_numpy(p)
-    dq, dk = (as_float64(t) for t in ctx.call.vjp_pair(q, k, positions, gq, gk))
-    fq, fk = (as_float64(t) for t in ctx.call(vq, vk, positions))
+    dq, dk = (as_float64(t) for t in ctx.rope.vjp_pair(q, k, positions, gq, gk))
+    fq, fk = (as_float64(t) for t in ctx.rope(vq, vk, positions))
     conv = ctx.target.convention
     first, second = pair_indices(case.shape[-1], conv.layout)
     order = np.stack([first, second], -1).reshape(-1)  # pair i at features 2i, 2i + 1
@@ -396,21 +369,3 @@ def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Opti
         except TargetHung as exc:
             return f"on q, k {tuple(q.shape)} {dtype}: {exc}"
     return problems[0]
-
-
-def run_xpos_property(prop: XposProperty, target: XposTarget, dtype: str, options: RunOptions,
-                      reproduce: str = "") -> Result:
-    if prop.needs_backward and not target.backward:
-        return Result(prop.name, dtype, "skipped", prop.formula, message="target declares no backward")
-    ctx = XposContext(target, dtype, options.timeout)
-
-    @st.composite
-    def inputs(d):
-        case = d(xpos_cases(target, dtype, prop.min_seq, min(prop.headroom, target.position_step)))
-        return case, d(prop.extras(ctx, case))
-
-    def check(drawn):
-        case, extras = drawn
-        return prop.check(ctx, case, **extras)
-
-    return run_simple(prop.name, prop.formula, inputs(), check, options, dtype, reproduce)  # a hang propagates

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget
 from properties.runner import Result, RunOptions, run_property
-from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property,
+from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget,
                                    smoke_call)
 from reference import nd as ndref
 from ropecheck import known_failures
@@ -206,7 +206,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
                                       f"(q_out, k_out): {problem}")
 
             def run_one(name, dtype, command):
-                return run_xpos_property(XPOS_PROPERTIES[name], target, dtype, options, command)
+                return run_property(XPOS_PROPERTIES[name], target, dtype, options, command)
         else:
             n_axes, conv, head_dims = spec.convention()
             loaded = spec.load(rope_signature=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.runner import RunOptions
-from properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget, run_xpos_property
+from properties.runner import RunOptions, run_property
+from properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget
 from reference.relatives import apply_xpos
 from reference.rope import pair_indices
 from ropecheck.cli import main
@@ -61,7 +61,7 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
 
 def _result(fn, prop, layout="interleaved", dtype="float32", **kw):
     target = XposTarget("t", fn, XposConvention(layout), head_dims=(8, 16), **kw)
-    return run_xpos_property(XPOS_PROPERTIES[prop], target, dtype, OPTIONS)
+    return run_property(XPOS_PROPERTIES[prop], target, dtype, OPTIONS)
 
 
 def _status(fn, prop, layout="interleaved"):
@@ -148,7 +148,7 @@ def _pair_contract_breakers():
 def test_contract_turns_bad_outputs_into_findings():
     for fn in _pair_contract_breakers():
         target = XposTarget("t", fn, XposConvention(), head_dims=(8,))
-        result = run_xpos_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
+        result = run_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
         assert result.status == "failed" and result.message, result
 
 
