@@ -102,14 +102,26 @@ def test_reproduce_hint_names_the_target(pytester):
     assert all("--rope-target flipped.py:rope" in h and "--rope-layout half" in h for h in hints), hints
 
 
-def test_rope_call_is_parsed_and_stored(pytester):
+def test_rope_call_reaches_the_engine(pytester):
+    """--rope-call qk checks a kernel in its (q, k) signature; a rope(x, positions) target
+    asked for it is a clean usage error."""
     pytester.makeconftest('''
         def pytest_report_header(config):
             return [f"rope_call={config.getoption('rope_call')!r}"]
     ''')
-    result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "qk", "-k", "identity")
+    pytester.makepyfile(qk_kernel='''
+        from ropecheck.builtins import make_rotate_half
+        _rope = make_rotate_half()
+        def rope(q, k, positions):
+            return _rope(q, positions), _rope(k, positions)
+    ''')
+    result = run(pytester, "--rope-target", "qk_kernel.py:rope", "--rope-call", "qk",
+                 "--rope-layout", "half", "-k", "reference")
     result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
     result.stdout.fnmatch_lines(["rope_call='qk'"])
+    result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "qk", "-k", "identity")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "rope(q, k, positions)" in result.stdout.str() + result.stderr.str()
     result = run(pytester, "--rope-target", "rotate-half", "-k", "identity")
     result.stdout.fnmatch_lines(["rope_call=None"])
 
