@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from properties.property import Family, FamilyContext, Property, family_registry
+from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
 from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases, in_form,
                                    large_cases, max_position_for, position_grids, scales, within)
 from ropecheck.calling import CallError
+from ropecheck.dtypes import torch_dtype
 from ropecheck.target import Target
 
 
@@ -101,8 +102,25 @@ def _same_theta(prop, target: Target) -> tuple[bool, str]:
     return True, ""
 
 
+SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
+SMOKE_HEAD_DIMS = (8, 64, 128)
+
+
+def _smoke_inputs(target: Target, dtype: str):
+    head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
+    for head_dim in head_dims:
+        for batch, seq, heads in SMOKE_SHAPES:
+            x = torch.randn(batch, seq, heads, head_dim,
+                            generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
+            yield SmokeInput(f"x {tuple(x.shape)}",
+                             f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "
+                             f"positions 0 .. {seq - 1} in every row",
+                             lambda rope, x=x, positions=positions: rope(x, positions))
+
+
 # 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
-ONE_D = Family("1-D", Context, _one_d_cases, _fixed_inputs, _same_theta)
+ONE_D = Family("1-D", Context, _one_d_cases, _fixed_inputs, _same_theta, _smoke_inputs)
 
 
 @dataclass(frozen=True)

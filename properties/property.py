@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from properties.registry import property_registry
 from ropecheck.call_forms import CALL_FORMS
-from ropecheck.calling import Caller
+from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.tolerance import ErrorModel
 
 
@@ -44,6 +44,15 @@ class FamilyContext:
 
 
 @dataclass(frozen=True)
+class SmokeInput:
+    """A small ordinary input a run calls the target on before any check."""
+
+    short: str  # "x (1, 4, 2, 8)"
+    shown: str  # the whole input, for a crash message
+    call: Callable  # call(rope): one call on it through the family's Caller
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     context: Callable  # (target, dtype, timeout) -> a context with .rope, its Caller
@@ -51,6 +60,33 @@ class Family:
     fixed: Callable = lambda prop, ctx: []  # (prop, ctx) -> [(case, extras)] every run tries
     # (prop, target) -> (applies, why not): what the family adds to the common needs
     applies: Callable = lambda prop, target: (True, "")
+    smoke_inputs: Callable = lambda target, dtype: ()  # (target, dtype) -> [SmokeInput]
+    # what a smoke call may fail with, on every input, for the target to be unusable
+    unusable: tuple = ("raised",)
+
+
+def smoke_call(family: Family, target, dtype: str, timeout: Optional[float]) -> Optional[str]:
+    """Call the target on its family's small ordinary inputs. None as soon as one call
+    returns (right or wrong: the checks judge that), else why none could. A call that
+    hangs raises TargetHung, one that crashes the process CallError ("crashed"), each with
+    the input in its message."""
+    rope = family.context(target, dtype, timeout).rope
+    problems = []
+    for item in family.smoke_inputs(target, dtype):
+        try:
+            item.call(rope)
+            return None
+        except CallError as exc:
+            if exc.kind in ("crashed", "exited"):
+                raise CallError(exc.kind, f"{exc}\n  on the first, smallest input: {item.shown}") from None
+            if exc.kind not in family.unusable:
+                return None
+            problems.append(f"on {item.short} {dtype}: {exc}")
+        except TargetHung as exc:
+            raise TargetHung(exc.seconds, f"on {item.short} {dtype}: {exc}") from None
+    if not problems:
+        return None
+    return problems[0] + (f" (and on {len(problems) - 1} other small inputs)" if len(problems) > 1 else "")
 
 
 @dataclass(frozen=True)

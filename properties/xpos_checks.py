@@ -95,7 +95,7 @@ from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
-from properties.property import Family, FamilyContext, Property, family_registry
+from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
 from properties.strategies import prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
@@ -248,8 +248,17 @@ def _xpos_cases(prop, ctx: XposContext):
                       min(options.get("headroom", 0), ctx.target.position_step))
 
 
-# xPos: xpos(q, k, positions) -> (q_out, k_out), a q/k family with a scale model
-XPOS = Family("xPos", XposContext, _xpos_cases)
+def _xpos_smoke_inputs(target: XposTarget, dtype: str):
+    for head_dim in target.head_dims:
+        q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+        yield SmokeInput(f"q, k {tuple(q.shape)}", f"q, k: shape {tuple(q.shape)} {dtype}, standard normal "
+                         "(seed 0), k = q reversed in seq; positions 0, 1, 2",
+                         lambda rope, q=q: rope(q, q.flip(1), torch.arange(3).reshape(1, 3)))
+
+
+# xPos: xpos(q, k, positions) -> (q_out, k_out), a q/k family with a scale model; a target
+# that returns no pair of tensors cannot be judged as xPos at all
+XPOS = Family("xPos", XposContext, _xpos_cases, smoke_inputs=_xpos_smoke_inputs, unusable=("raised", "type"))
 
 
 XPOS_PROPERTIES: dict[str, Property]
@@ -353,19 +362,3 @@ def xpos_backward(ctx: XposContext, case: Case) -> float:
     return max(worst, scores)
 
 
-def smoke_call(target: XposTarget, dtype: str, timeout: Optional[float]) -> Optional[str]:
-    """Why the target cannot be judged as xPos at all (every small call raises, or returns
-    something other than a pair of tensors), or None. Wrong values are left to the checks."""
-    problems = []
-    for head_dim in target.head_dims:
-        q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
-        try:
-            PairCaller(target, timeout)(q, q.flip(1), torch.arange(3).reshape(1, 3))
-            return None
-        except CallError as exc:
-            if exc.kind not in ("raised", "type"):
-                return None
-            problems.append(f"on q, k {tuple(q.shape)} {dtype}: {exc}")
-        except TargetHung as exc:
-            return f"on q, k {tuple(q.shape)} {dtype}: {exc}"
-    return problems[0]

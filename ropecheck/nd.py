@@ -29,12 +29,12 @@ from typing import Callable, NamedTuple, Optional
 from properties import builder_checks
 from properties.nd_checks import ND_PROPERTIES, NDTarget
 from properties.runner import Result, RunOptions, run_property
-from properties.xpos_checks import (XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget,
-                                   smoke_call)
+from properties.property import smoke_call
+from properties.xpos_checks import XPOS, XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
 from reference import nd as ndref
 from ropecheck import known_failures
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
-from ropecheck.calling import InProcess, PlainCaller, TargetHung
+from ropecheck.calling import CallError, InProcess, PlainCaller, TargetHung
 from ropecheck.loading import TargetLoadError, load_callable, load_callable_isolated
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
@@ -200,7 +200,12 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
             names = _select(property_names, XPOS_PROPERTIES)
             registry = XPOS_PROPERTIES
             for dtype in dtypes:
-                problem = smoke_call(target, dtype, options.timeout)
+                try:
+                    problem = smoke_call(XPOS, target, dtype, options.timeout)
+                except TargetHung as hung:
+                    problem = str(hung)
+                except CallError:  # a crash on the smallest input: the checks report it
+                    problem = None
                 if problem:
                     raise FamilyError(f"target {spec.target!r} does not follow xpos(q, k, positions) -> "
                                       f"(q_out, k_out): {problem}")

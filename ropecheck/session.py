@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from properties import position_range
-from properties.checks import Property
+from properties.checks import ONE_D
+from properties.property import Property, smoke_call as family_smoke_call
 from properties.runner import Result, RunOptions, run_property
 from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck import known_failures
@@ -75,35 +76,9 @@ class TargetSpec:
                             max_position=min(declared) if declared else None)
 
 
-SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
-SMOKE_HEAD_DIMS = (8, 64, 128)
-
-
 def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
-    """Call the target on a few small ordinary inputs. Returns None as soon as one call
-    returns a tensor (right or wrong: the checks judge that), else why none could.
-    A call that hangs raises TargetHung, one that crashes the process CallError
-    ("crashed"), each with the input in its message."""
-    problems = []
-    head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
-    for head_dim in head_dims:
-        for batch, seq, heads in SMOKE_SHAPES:
-            x = torch.randn(batch, seq, heads, head_dim,
-                            generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
-            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
-            shown = f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); positions 0 .. {seq - 1} in every row"
-            try:
-                Caller(target, timeout)(x, positions)
-                return None
-            except CallError as exc:
-                if exc.kind in ("crashed", "exited"):
-                    raise CallError(exc.kind, f"{exc}\n  on the first, smallest input: {shown}") from None
-                if exc.kind != "raised":
-                    return None
-                problems.append(f"on x {tuple(x.shape)} {dtype}: {exc}")
-            except TargetHung as exc:
-                raise TargetHung(exc.seconds, f"on x {tuple(x.shape)} {dtype}: {exc}") from None
-    return problems[0] + (f" (and on {len(problems) - 1} other small inputs)" if len(problems) > 1 else "")
+    """The 1-D family's smoke call (``properties.property.smoke_call``)."""
+    return family_smoke_call(ONE_D, target, dtype, timeout)
 
 
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
