@@ -157,7 +157,7 @@ class Case:
     def describe(self) -> str:
         p = self.positions_array()
         if self.n_axes:
-            return (f"x: shape {self.shape} {self.dtype}, seed {self.seed}; positions {p.tolist()} "
+            return (f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} "
                     f"({self.n_axes} axes)")
         rows = "; ".join(_short(row) for row in p)
         return (f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, "

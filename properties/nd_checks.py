@@ -19,7 +19,7 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
 from properties.property import Family, FamilyContext, Property, family_registry
-from properties.strategies import prime_step
+from properties.strategies import k_heads, prime_step
 from reference.nd import PairRotation
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
@@ -51,6 +51,7 @@ class NDTarget:
     max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
     backward: bool = True  # autograd flows through it (the backward property needs it)
+    call: str = "x"  # x: rope(x, positions); qk: rope(q, k, positions) (ropecheck.call_forms)
 
     def __post_init__(self):
         if self.max_position is not None and self.max_position < 255:
@@ -85,7 +86,12 @@ def nd_cases(target: NDTarget, dtype: str):
         base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
         p = d(st.lists(st.integers(0, 64), min_size=b * s * target.n_axes, max_size=b * s * target.n_axes))
         p = (np.asarray(p, dtype=np.int64) + base).reshape(b, s, target.n_axes)
-        return Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
+        case = Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
+        if target.call == "qk":  # q's heads, then GQA / MQA k's (1 < k_heads < q_heads with 4)
+            q_heads = d(st.sampled_from((1, 2, 4)))
+            case = replace(case, heads=q_heads, call="qk", k_heads=d(k_heads(q_heads, False)),
+                           separate=d(st.booleans()))
+        return case
     return draw()
 
 

@@ -255,15 +255,17 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
                          strict_layouts=strict_layouts)
     if family or (target in ND_ADAPTERS):
-        if call not in (None, "x"):
-            _fail(console, f"--call {call} is not available with --family: the N-D families take "
-                           "rope(x, positions), xPos takes (q, k, positions)", records=records)
+        chosen = family or ND_ADAPTERS[target]["family"]
+        forms = {"xpos": ("qk",), "axial": ("x", "qk"), "mrope": ("x", "qk"), "nd": ("x", "qk")}.get(chosen, ())
+        if call is not None and call not in forms:
+            _fail(console, f"--call {call} is not available with --family {chosen} (it takes "
+                           f"{', '.join('--call ' + f for f in forms) or 'no call form'})", records=records)
         sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
                                                   axes, sections, split, layout,
                                                   nd_base or (None if base is None else f"{base:g}"),
                                                   scale_base, gamma, interleaved=mrope_interleaved or None,
                                                   max_position=max_position, in_process=in_process,
-                                                  backward=not no_backward),
+                                                  backward=not no_backward, call=call),
                               dtypes, property_names, options, json_path, junit_path, debug,
                               (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
     spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,

@@ -149,22 +149,24 @@ class Declared(NamedTuple):
 
     max_position: Optional[int] = None  # the largest position (per axis) it accepts
     backward: bool = True  # autograd flows through it
+    call: str = "x"  # its call form (ropecheck.call_forms)
 
 
-def load_callable(spec: str, rope_signature: bool = True) -> tuple:
+def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
     """(callable, its ``Declared`` range and backward) for the families (N-D, xPos): an
     adapter's function, or a file's / module's attribute, which may be an object with
     ``fn``, ``max_position`` and ``backward`` (a Target)."""
     if spec in ADAPTERS:
-        target = load(spec)
-        return target.fn, Declared(target.max_position, target.backward)
+        target = load(spec, call)
+        return target.fn, Declared(target.max_position, target.backward, target.call)
     obj = resolve(spec)
-    declared = Declared(getattr(obj, "max_position", None), bool(getattr(obj, "backward", True)))
+    declared = Declared(getattr(obj, "max_position", None), bool(getattr(obj, "backward", True)),
+                        call or getattr(obj, "call", "x"))
     obj = getattr(obj, "fn", obj)
     if not callable(obj):
         raise TargetLoadError(f"{spec} is not callable")
     if rope_signature:
-        check_signature(obj)
+        check_signature(obj, declared.call)
     return obj, declared
 
 
@@ -192,7 +194,7 @@ def load_isolated(spec: str, call=None, **builtin_options) -> Target:
     return target.with_(fn=worker.function, executor=worker)
 
 
-def load_callable_isolated(spec: str, rope_signature: bool = True) -> tuple:
+def load_callable_isolated(spec: str, rope_signature: bool = True, call=None) -> tuple:
     """Like :func:`load_callable`: (callable, Declared, the worker it runs in)."""
-    worker, declared = _start("ropecheck.loading:load_callable", (spec, rope_signature))
+    worker, declared = _start("ropecheck.loading:load_callable", (spec, rope_signature, call))
     return worker.function, declared, worker

@@ -54,6 +54,7 @@ class Loaded(NamedTuple):
     max_position: Optional[int]
     executor: object  # its worker, or None (in this process)
     backward: bool
+    call: str = "x"  # its call form
 
 
 def parse_ints(text: Optional[str], what: str) -> Optional[list]:
@@ -96,23 +97,25 @@ class FamilySpec:
     max_position: Optional[int] = None  # the declared position range (--max-position)
     in_process: bool = False  # call the target here, not in a worker process
     backward: bool = True  # False: --no-backward (the target has no autograd)
+    call: Optional[str] = None  # --call: x or qk for the rotation families
 
     def load(self, rope_signature: bool) -> "Loaded":
         """The callable, the largest position it accepts or None, its executor, and whether
         it has a backward (the target's declaration and --no-backward)."""
         try:
             if self.in_process:
-                fn, declared = load_callable(self.target, rope_signature)
+                fn, declared = load_callable(self.target, rope_signature, self.call)
                 executor = None
             else:
-                fn, declared, executor = load_callable_isolated(self.target, rope_signature)
+                fn, declared, executor = load_callable_isolated(self.target, rope_signature, self.call)
         except TargetLoadError as exc:
             raise FamilyError(str(exc)) from None
         limits = [n for n in (declared.max_position, self.max_position) if n is not None]
-        return Loaded(fn, min(limits) if limits else None, executor, self.backward and declared.backward)
+        return Loaded(fn, min(limits) if limits else None, executor, self.backward and declared.backward,
+                      declared.call)
 
     def flags(self) -> list:
-        words = ["--family", self.family]
+        words = ["--family", self.family] + (["--call", self.call] if self.call else [])
         for flag, value in (("--axes", self.axes), ("--sections", self.sections), ("--split", self.split),
                             ("--layout", self.layout), ("--base", self.base),
                             ("--scale-base", self.scale_base), ("--gamma", self.gamma),
@@ -218,7 +221,7 @@ def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions,
             convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
             try:
                 targets = [NDTarget(spec.target, loaded.fn, n_axes, c, (d,), max_position=loaded.max_position,
-                                    executor=loaded.executor, backward=loaded.backward)
+                                    executor=loaded.executor, backward=loaded.backward, call=loaded.call)
                            for d, c in zip(head_dims, convs)]
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None

@@ -134,6 +134,34 @@ def test_large_inputs_get_a_longer_call_time_limit():
     assert call_time_limit(None, large) is None
 
 
-def test_call_form_with_a_family_is_a_usage_error():
-    result = check("rotate-half", "--family", "nd", "--call", "qk")
-    assert result.exit_code == 2 and "--call qk is not available with --family" in result.output
+def test_a_call_form_a_family_does_not_have_is_a_usage_error():
+    result = check("rotate-half", "--family", "nd", "--call", "packed")
+    assert result.exit_code == 2 and "--call packed is not available with --family nd" in result.output
+    result = check("rotate-half", "--family", "xpos", "--call", "x")
+    assert result.exit_code == 2 and "--call x is not available with --family xpos" in result.output
+
+
+def _nd_qk(forget_mqa_k: bool):
+    """An M-RoPE kernel in its (q, k) form from the float64 reference (no autograd); the
+    broken one leaves k unrotated when it has one head."""
+    from reference.nd import mrope
+    conv = mrope([2, 1, 1], layout="half")
+
+    def rotate(t, positions):
+        return torch.from_numpy(conv.apply(t.double().numpy(), positions.numpy())).to(t.dtype)
+
+    def rope(q, k, positions):
+        k_out = k.clone() if forget_mqa_k and k.shape[2] == 1 else rotate(k, positions)
+        return rotate(q, positions), k_out
+    return conv, rope
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_nd_family_in_the_qk_form(broken):
+    from properties.nd_checks import ND_PROPERTIES, NDTarget
+    conv, rope = _nd_qk(broken)
+    target = NDTarget("mrope-qk", rope, 3, conv, (conv.head_dim,), backward=False, call="qk")
+    result = run_property(ND_PROPERTIES["reference"], target, "float32", QUICK)
+    assert result.status == ("failed" if broken else "passed"), result.message
+    if broken:
+        assert "call qk" in result.counterexample and "k's head" in result.message

@@ -36,6 +36,21 @@ def _mrope_target(module, emb):
     return rope
 
 
+def _mrope_qk_target(module, emb):
+    """HF's pair of calls in their real form: q and k (GQA: fewer key heads) as the
+    (b, heads, s, d) views its attention passes, both rotated by apply_rotary_pos_emb."""
+    def rope(q, k, positions):
+        cos, sin = emb(q, positions.permute(2, 0, 1))
+        q_out, k_out = module.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=1)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return rope
+
+
+def build_mrope_qk():
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as q
+    return _mrope_qk_target(q, q.Qwen2VLRotaryEmbedding(_config().get_text_config()))
+
+
 def build_mrope():
     from transformers.models.qwen2_vl import modeling_qwen2_vl as q
     return _mrope_target(q, q.Qwen2VLRotaryEmbedding(_config().get_text_config()))
@@ -92,6 +107,12 @@ register(Adapter(name="hf-qwen2vl-rope-index", library="transformers", build=bui
                  modules=("transformers",), install=INSTALL, backward=False,
                  notes="builder: build_positions(segments)"))
 ND_ADAPTERS["hf-qwen2vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
+register(Adapter(name="hf-qwen2vl-mrope-qk", library="transformers", build=build_mrope_qk, convention=None,
+                 description=f"HF Qwen2VLRotaryEmbedding + apply_rotary_pos_emb on q and GQA k as its attention "
+                             f"passes them, mrope_section {list(SECTIONS)} (N-D: --family mrope --call qk)",
+                 modules=("transformers",), install=INSTALL, call="qk",
+                 notes="N-D target: positions (batch, seq, 3)"))
+ND_ADAPTERS["hf-qwen2vl-mrope-qk"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
 ND_ADAPTERS["hf-qwen2vl-rope-index"] = {"family": "mrope-builder"}
 register(Adapter(name="hf-qwen3vl-mrope", library="transformers", build=build_qwen3vl_mrope, convention=None,
                  description=f"HF Qwen3VLTextRotaryEmbedding + apply_rotary_pos_emb, interleaved mrope_section "
