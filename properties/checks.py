@@ -79,7 +79,8 @@ def _fixed_inputs(prop, ctx: Context) -> list:
     promises to try them; in the target's call form, within its position range."""
     call = ctx.target.call
     fixed = critical_cases(ctx.dtype, ctx.target.rotary_dim, call)
-    fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)[:prop.large]
+    if prop.large:
+        fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)[:prop.large]
     out = []
     for case in fixed:
         if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):

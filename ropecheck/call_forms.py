@@ -86,11 +86,11 @@ class Form:
         return out, out
 
     # --- qk -----------------------------------------------------------------------------
-    def split(self, heads: int, k_optional: bool = True) -> int:
-        """q's head count for x with ``heads`` heads."""
+    def split(self, heads: int) -> int:
+        """q's head count for x with ``heads`` heads: the case's, else all but the last."""
         if self.q_heads is not None and self.q_heads <= heads:
             return self.q_heads
-        return heads if heads == 1 and k_optional else max(heads - 1, 1)
+        return max(heads - 1, 1)
 
     def _qk(self, fn, x, positions):
         heads = x.shape[2]
@@ -119,11 +119,10 @@ class Form:
     # --- packed -------------------------------------------------------------------------
     def _packed(self, fn, x, positions):
         batch, seq, heads, head_dim = x.shape
-        rows = positions.cpu().numpy()
         if batch == 1 and sum(self.lengths) == seq:
             lengths = self.lengths
         else:
-            lengths = tuple(n for row in rows for n in segment_lengths(row))
+            lengths = tuple(n for row in positions.cpu().numpy() for n in segment_lengths(row))
         tokens = x.reshape(batch * seq, heads, head_dim)  # a view for batch 1
         cu = cu_seqlens(lengths).to(x.device)
         flat = positions.reshape(batch * seq).contiguous()

@@ -209,7 +209,8 @@ class Execution:
                                                   f"during this call ({aliased}): it is a view of "
                                                   "the target's internal buffer"))
         outcome.outputs, outcome.returned = _normalise(out)
-        self.watch.keep(_normalise(returned)[0])
+        # the tensors the target returned (its own, for a call form that assembles y)
+        self.watch.keep(outcome.outputs if returned is out else _normalise(returned)[0])
         self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
         return outcome
 
