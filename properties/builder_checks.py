@@ -13,18 +13,17 @@ Each family declares the properties it promises (data, not if/else in the checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
 from properties.assertions import CheckFailure
-from properties.runner import run_simple
-from properties.runner import Result, RunOptions
+from properties.property import Family, Property, family_registry
 from reference import multimodal as mm
-from ropecheck.calling import CallError
+from ropecheck.calling import CallError, PlainCaller, executor_of
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,83 @@ def _fail(what, segments, at, got, expected):
                        f"expected {np.asarray(expected).tolist()}")
 
 
+@dataclass(frozen=True)
+class Segments:
+    """A builder's input, as a check's case: the segments, printable."""
+
+    segments: tuple
+
+    shape = (1,)  # one call's worth of work (the runner's time limit scales with it)
+    call = "segments"
+
+    def describe(self) -> str:
+        return mm.describe_segments(list(self.segments))
+
+
+@dataclass
+class BuilderTarget:
+    """A position builder under test: ``build_positions(segments) -> (tokens, n_axes)``, and
+    the family whose rules it claims to follow."""
+
+    name: str
+    fn: Callable
+    family: BuilderFamily
+    executor: Any = field(default=None, compare=False, repr=False)
+    dtypes: tuple = ("-",)  # it takes no tensors: one run, dtype "-"
+    backward: bool = False
+    inplace: bool = False
+    max_position: Optional[int] = None
+    convention = None
+    call = "segments"
+
+
+@dataclass
+class BuilderContext:
+    """The builder family's context: the builder behind the calling layer (time limit,
+    exceptions as findings) and its family's rules."""
+
+    target: BuilderTarget
+    dtype: str = "-"
+    timeout: Optional[float] = 20.0
+
+    def __post_init__(self):
+        self.rope = PlainCaller(executor_of(self.target), self.timeout)
+        self.family = self.target.family
+
+
+def _segment_cases(prop: Property, ctx: BuilderContext):
+    return segments_strategy(ctx.family, prop.case_options.get("text_around", False)).map(
+        lambda segments: Segments(tuple(tuple(s) for s in segments)))
+
+
+def _promised(prop: Property, target: BuilderTarget) -> tuple:
+    if prop.name not in target.family.promises:
+        return False, f"not promised by {target.family.name}"
+    return True, ""
+
+
+# Position builders: their input is a list of segments, their output positions compared exactly
+BUILDERS = Family("position builder", BuilderContext, _segment_cases, applies=_promised)
+
+BUILDER_PROPERTIES: dict[str, Property]
+BUILDER_PROPERTIES, builder_register = family_registry(BUILDERS)
+
+
+def _builder_property(name: str, formula: str, text_around: bool = False):
+    """Register check(fn, family, segments) as the builder property ``name``."""
+    def register(check):
+        builder_register(name=name, formula=formula, case_options={"text_around": text_around}, calls=("segments",))(
+            lambda ctx, case: check(ctx.rope, ctx.family, list(case.segments)) or 0.0)
+        return check
+    return register
+
+
+@_builder_property("contract", "build_positions(segments) is numeric, finite, of shape (tokens, n_axes)")
+def check_contract(fn, fam, segments):
+    call_builder(fn, segments, fam)
+
+
+@_builder_property("compatibility", "text-only input gives 1-D RoPE positions (n, .., n)")
 def check_compatibility(fn, fam, segments):
     n = mm.token_count(segments)
     text_only = [("text", n)]
@@ -125,6 +201,7 @@ def check_compatibility(fn, fam, segments):
         _fail("text-only input is not 1-D RoPE", text_only, int(bad[0]), out[bad[0]], expected[bad[0]])
 
 
+@_builder_property("text-runs", "positions inside a text segment advance by (1, .., 1)")
 def check_text_runs(fn, fam, segments):
     out = call_builder(fn, segments, fam)
     for kind, a, b in mm.media_spans(segments):
@@ -150,6 +227,7 @@ def _around(segments, out):
         yield L, out[:a] if a else np.full((1, out.shape[1]), -1.0), segs[k], out[a:b], b, out[b]
 
 
+@_builder_property("text-after-media", "the text after a medium starts at the family's position")
 def check_text_after_media(fn, fam, segments):
     out = call_builder(fn, segments, fam)
     for L, prev, seg, block, at, first_after in _around(segments, out):
@@ -159,6 +237,7 @@ def check_text_after_media(fn, fam, segments):
                   first_after, np.full(fam.n_axes, expected))
 
 
+@_builder_property("symmetry", "first patch - last text before = next text - last patch", text_around=True)
 def check_symmetry(fn, fam, segments):
     out = call_builder(fn, segments, fam)
     for L, prev, seg, block, at, first_after in _around(segments, out):
@@ -171,6 +250,7 @@ def check_symmetry(fn, fam, segments):
                                f"{after.tolist()}")
 
 
+@_builder_property("equivalence", "a medium of N patches counts as N tokens: next text at L + N + 1", text_around=True)
 def check_equivalence(fn, fam, segments):
     out = call_builder(fn, segments, fam)
     for L, prev, seg, block, at, first_after in _around(segments, out):
@@ -181,6 +261,7 @@ def check_equivalence(fn, fam, segments):
                                f"expected {L + n + 1:g}")
 
 
+@_builder_property("reference", "positions equal the reference builder's")
 def check_reference(fn, fam, segments):
     out = call_builder(fn, segments, fam)
     ref, _ = mm.reference_builder(fam.name, fam.n_axes)
@@ -188,26 +269,3 @@ def check_reference(fn, fam, segments):
     bad = np.nonzero((out != expected).any(-1))[0]
     if len(bad):
         _fail(f"positions differ from the {fam.name} reference", segments, int(bad[0]), out[bad[0]], expected[bad[0]])
-
-
-def check_contract(fn, fam, segments):
-    call_builder(fn, segments, fam)
-
-
-BUILDER_CHECKS = {
-    "contract": ("build_positions(segments) is numeric, finite, of shape (tokens, n_axes)", check_contract, False),
-    "compatibility": ("text-only input gives 1-D RoPE positions (n, .., n)", check_compatibility, False),
-    "text-runs": ("positions inside a text segment advance by (1, .., 1)", check_text_runs, False),
-    "text-after-media": ("the text after a medium starts at the family's position", check_text_after_media, False),
-    "symmetry": ("first patch - last text before = next text - last patch", check_symmetry, True),
-    "equivalence": ("a medium of N patches counts as N tokens: next text at L + N + 1", check_equivalence, True),
-    "reference": ("positions equal the reference builder's", check_reference, False),
-}
-
-
-def run_builder_property(name: str, fn, fam: BuilderFamily, options: RunOptions, reproduce: str = "") -> Result:
-    formula, check, text_around = BUILDER_CHECKS[name]
-    if name not in fam.promises:
-        return Result(name, "-", "skipped", formula, message=f"not promised by {fam.name}")
-    return run_simple(name, formula, segments_strategy(fam, text_around),
-                      lambda segments: check(fn, fam, segments) or 0.0, options, "-", reproduce)

@@ -20,7 +20,7 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -43,7 +43,8 @@ class NDTarget:
     name: str
     fn: Callable
     n_axes: int
-    convention: Optional[PairRotation] = None
+    # the declared rotation (None: spec-free checks only), or one per head size it accepts
+    convention: Union[PairRotation, dict, None] = None
     head_dims: tuple = ()  # head sizes it accepts
     dtypes: tuple = ("float32", "bfloat16", "float16", "float64")
     inplace: bool = False
@@ -59,6 +60,12 @@ class NDTarget:
 
     def __call__(self, x, positions):
         return self.fn(x, positions)
+
+    def convention_for(self, head_dim: int) -> Optional[PairRotation]:
+        """The declared rotation of a head of ``head_dim`` features."""
+        if isinstance(self.convention, dict):
+            return self.convention[head_dim]
+        return self.convention
 
     @property
     def limit(self) -> int:
@@ -219,7 +226,7 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
 @nd_register(name="reference", formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
              needs_convention=True)
 def nd_reference(ctx: NDContext, case: Case) -> float:
-    conv = ctx.target.convention
+    conv = ctx.target.convention_for(case.head_dim)
     x, p = case.tensor(), case.positions_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)
@@ -249,7 +256,7 @@ def nd_backward(ctx: NDContext, case: Case) -> float:
     adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * ctx.f(v, p), -1),
                            2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv), axes=AXES_3D,
                            what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head")
-    conv = ctx.target.convention
+    conv = ctx.target.convention_for(case.head_dim)
     if conv is None:
         return adjoint
     exact = assert_close(vjp, conv.apply(g64, p, inverse=True), element_bound(ctx.model, conv, g64, p),

@@ -227,38 +227,10 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     return result
 
 
-def run_simple(name: str, formula: str, strategy, check, options: RunOptions, dtype: str,
-               reproduce: str = "") -> Result:
-    """Run ``check(drawn) -> error`` over hypothesis draws of ``strategy``, for checks that
-    call no RoPE (the position builders, whose input is a list of segments)."""
-    result = Result(name, dtype, "passed", formula)
-    seen = Seen()
-
-    def attempt(drawn):
-        if seen.budget_spent():
-            raise _ShrinkBudgetSpent()
-        seen.count += 1
-        try:
-            error = check(drawn)
-        except Exception as failure:
-            seen.failed(drawn, failure)
-            raise
-        seen.passed(error)
-
-    def describe(drawn):
-        return "; ".join(v.describe() if hasattr(v, "describe") else repr(v)
-                         for v in (drawn if isinstance(drawn, tuple) else (drawn,)))
-
-    start = time.perf_counter()
-    _run(result, seen, strategy, attempt, options, reproduce, lambda: None, describe)
-    result.seconds = time.perf_counter() - start
-    return result
-
-
 def _run(result: Result, seen: Seen, strategy, attempt, options: RunOptions, reproduce_hint: str,
          after_drawn, describe, whose=lambda exc, drawn: "") -> None:
-    """The one loop every check runs in: hypothesis over ``strategy`` (shrinking within the
-    budgets), then ``after_drawn()``; a failure is recorded in ``result`` with the input that
+    """The one loop every check of every family runs in: hypothesis over ``strategy``
+    (shrinking within the budgets), then ``after_drawn()``; a failure is recorded in ``result`` with the input that
     raised it (message and counterexample from the same failure), the largest error seen
     either way."""
     test = options.settings()(given(strategy)(attempt))

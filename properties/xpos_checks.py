@@ -154,6 +154,7 @@ class XposTarget:
     inplace: bool = False  # read by Caller
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
     backward: bool = True  # autograd flows through it (the backward property needs it)
+    dtypes: tuple = ("float32", "bfloat16", "float16", "float64")  # the dtypes a run may check
 
     @property
     def position_step(self) -> int:

@@ -49,7 +49,7 @@ def _capabilities(dtypes, backward, inplace, max_position, call="x", k_optional=
 
 def _family_flags(name: str) -> str:
     """The ``--family`` flags an N-D or builder adapter implies ("" for none)."""
-    from ropecheck.nd import ND_ADAPTERS, FamilySpec
+    from ropecheck.families import ND_ADAPTERS, FamilySpec
     return " ".join(FamilySpec(name, **ND_ADAPTERS[name]).flags()) if name in ND_ADAPTERS else ""
 
 

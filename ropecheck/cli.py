@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, selected_properties, wants_range_probe
+from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from reference import LAYOUTS
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
-from ropecheck.nd import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilySpec, check_family
+from ropecheck.families import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilyError, FamilySpec
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
                               write_json, write_junit, write_unusable)
 from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
@@ -118,28 +118,11 @@ def grouped(group: str):
     return lambda *decls, **attrs: click.option(*decls, cls=GroupedOption, group=group, **attrs)
 
 
-def _reproduce_command(argv_target, spec: TargetSpec, dtypes, profile, seed, extra=()) -> str:
-    words = ["ropecheck", "check"] + ([argv_target] if argv_target else [])
-    if spec.call:
-        words += ["--call", spec.call]
-    if spec.layout:
-        words += ["--layout", spec.layout]
-    if spec.base is not None:
-        words += ["--base", f"{spec.base:g}"]
-    if spec.rotary_dim:
-        words += ["--rotary-dim", str(spec.rotary_dim)]
-    if spec.scaling:
-        words += ["--scaling", spec.scaling]
-    if spec.max_position is not None:
-        words += ["--max-position", str(spec.max_position)]
-    if not spec.backward:
-        words.append("--no-backward")
-    if spec.inplace:
-        words.append("--inplace")
-    if spec.in_process:
-        words.append("--in-process")
+def _reproduce_command(argv_target, spec, dtypes, profile, seed, extra=()) -> str:
+    words = ["ropecheck", "check"] + ([argv_target] if argv_target else []) + spec.flags()
     for d in dtypes:
-        words += ["--dtype", d]
+        if d != "-":  # a position builder takes no tensors
+            words += ["--dtype", d]
     words += ["--profile", profile]
     if seed is not None:
         words += ["--seed", str(seed)]
@@ -254,50 +237,41 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     records = Records(json_path, junit_path, target or DEFAULT_TARGET)
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
                          strict_layouts=strict_layouts)
-    if family or (target in ND_ADAPTERS):
-        chosen = family or ND_ADAPTERS[target]["family"]
-        forms = {"xpos": ("qk",), "axial": ("x", "qk"), "mrope": ("x", "qk"), "nd": ("x", "qk")}.get(chosen, ())
-        if call is not None and call not in forms:
-            _fail(console, f"--call {call} is not available with --family {chosen} (it takes "
-                           f"{', '.join('--call ' + f for f in forms) or 'no call form'})", records=records)
-        sys.exit(check_family(console, FamilySpec(target or "", family or ND_ADAPTERS[target]["family"],
-                                                  axes, sections, split, layout,
-                                                  nd_base or (None if base is None else f"{base:g}"),
-                                                  scale_base, gamma, interleaved=mrope_interleaved or None,
-                                                  max_position=max_position, in_process=in_process,
-                                                  backward=not no_backward, call=call),
-                              dtypes, property_names, options, json_path, junit_path, debug,
-                              (() if no_known_failures else (known_failures.DEFAULT_FILE,)) + tuple(known_paths)))
-    spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
-                      scaling=scaling, max_position=max_position, in_process=in_process, call=call)
+    defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
     try:
-        properties = selected_properties(property_names)
-        defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
+        if family or target in ND_ADAPTERS:
+            spec = FamilySpec(target or "", family or ND_ADAPTERS[target]["family"], axes, sections, split, layout,
+                              nd_base or (None if base is None else f"{base:g}"), scale_base, gamma,
+                              interleaved=mrope_interleaved or None, max_position=max_position,
+                              in_process=in_process, backward=not no_backward, call=call)
+        else:
+            spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
+                              scaling=scaling, max_position=max_position, in_process=in_process, call=call)
+        properties = spec.properties(property_names)
         known = known_failures.load([*defaults, *known_paths])
-        dtype_list, explicit = resolve_dtypes(dtypes, None) if dtypes else (None, False)
+        if dtypes:
+            resolve_dtypes(dtypes, None)  # a bad dtype is a usage error before the target loads
         built = spec.build()
         dtype_list, explicit = resolve_dtypes(dtypes, built)
     except UnusableTarget as exc:
         _fail(console, f"cannot load target {spec.name!r}: {exc}", records=records)
+    except FamilyError as exc:
+        _fail(console, str(exc), records=records)
     except ValueError as exc:
         records.unusable(f"usage error: {exc}")
         raise click.UsageError(str(exc))
     on_abort(records.unusable)  # the in-process watchdog's last act
 
-    if built.convention is None:
-        console.print("[yellow]No --layout given: running spec-free checks only "
-                      "(no comparison with the float64 reference).[/]")
-    else:
-        console.print(f"Convention: {built.convention.flags()}")
+    console.print(spec.header(built))
 
     usable, unsupported = [], {}
     crashes: dict = {}
     try:
-        problems = warm_up(built, dtype_list, timeout, crashes)
+        problems = warm_up(built, dtype_list, timeout, crashes, spec.family_record)
     except KeyboardInterrupt:
         _fail(console, "interrupted", EXIT_FAILED, records)
     for dtype in dtype_list:
-        problem = problems[dtype]
+        problem = problems.get(dtype)
         if problem is None:
             usable.append(dtype)
         elif explicit:
@@ -316,7 +290,7 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
         ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \
         (["--strict-layouts"] if strict_layouts else [])
     session = Session(built, usable, properties, options, known=known, crashes=crashes,
-                      unsupported=unsupported, range_probe=wants_range_probe(property_names),
+                      unsupported=unsupported, range_probe=spec.range_probe(property_names),
                       reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
                   + ("" if built.max_position is None else f", positions 0 .. {built.max_position}"))

@@ -1,10 +1,12 @@
 """A check session: build the target from a spec and flags, make sure it can be called,
-and run the selected properties over the selected dtypes. Shared by the CLI and the
-pytest plugin."""
+and run the selected properties over the selected dtypes. Shared by the CLI, the pytest
+plugin and the report, for every family: a 1-D target comes from a ``TargetSpec``, the
+others from a ``ropecheck.families.FamilySpec``, and both give the session a target and
+its family's properties."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from properties import position_range
 from properties.checks import ONE_D
 from properties.property import Property, smoke_call as family_smoke_call
-from properties.runner import Result, RunOptions, run_property
+from properties.runner import Result, RunOptions, run_property, selected_properties, wants_range_probe
 from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
@@ -46,6 +48,34 @@ class TargetSpec:
     def name(self) -> str:
         return self.spec or DEFAULT_TARGET
 
+    family_record = ONE_D
+
+    @staticmethod
+    def properties(names=()) -> list[Property]:
+        return selected_properties(names)
+
+    @staticmethod
+    def range_probe(names=()) -> bool:
+        """Whether the run starts with the position-range probe (a 1-D RoPE session)."""
+        return wants_range_probe(names)
+
+    @staticmethod
+    def header(target: Target) -> str:
+        if target.convention is None:
+            return ("[yellow]No --layout given: running spec-free checks only "
+                    "(no comparison with the float64 reference).[/]")
+        return f"Convention: {target.convention.flags()}"
+
+    def flags(self) -> list[str]:
+        """The command-line flags that declare this spec (a reproduce line's)."""
+        words = ["--call", self.call] if self.call else []
+        for flag, value in (("--layout", self.layout), ("--base", self.base), ("--rotary-dim", self.rotary_dim),
+                            ("--scaling", self.scaling), ("--max-position", self.max_position)):
+            if value:
+                words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        return words + [flag for flag, on in (("--no-backward", not self.backward), ("--inplace", self.inplace),
+                                              ("--in-process", self.in_process)) if on]
+
     def build(self) -> Target:
         """Load the target and attach the declared convention and capabilities."""
         try:
@@ -76,16 +106,16 @@ class TargetSpec:
                             max_position=min(declared) if declared else None)
 
 
-def smoke_call(target: Target, dtype: str, timeout: Optional[float]) -> Optional[str]:
-    """The 1-D family's smoke call (``properties.property.smoke_call``)."""
-    return family_smoke_call(ONE_D, target, dtype, timeout)
+def smoke_call(target: Target, dtype: str, timeout: Optional[float], family=ONE_D) -> Optional[str]:
+    """The family's smoke call (``properties.property.smoke_call``; 1-D RoPE's by default)."""
+    return family_smoke_call(family, target, dtype, timeout)
 
 
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
 
 
-def warm_up(target: Target, requested=(), timeout: Optional[float] = None,
-            crashes: Optional[dict] = None) -> dict:
+def warm_up(target, requested=(), timeout: Optional[float] = None,
+            crashes: Optional[dict] = None, family=ONE_D) -> dict:
     """Smoke-call the target in every dtype it declares, lowest precision first, then in
     the ``requested`` dtypes, before any check: a target that keeps state from its first
     call (a cos/sin cache built in that call's dtype, say) is then checked in the state a
@@ -93,13 +123,14 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None,
     A dtype whose smallest call crashes the process (or exits) is callable, and a failure:
     its message goes into ``crashes`` (dtype -> message).
     A hang costs a whole time limit, so after one the other unrequested dtypes are not
-    tried, and after a hang in a requested dtype nothing more is."""
-    others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
+    tried, and after a hang in a requested dtype nothing more is. A target that takes no
+    tensors (a position builder, dtype "-") has nothing to warm up."""
+    others = [d for d in WARM_UP_ORDER if d in getattr(target, "dtypes", ()) and d not in requested]
     problems: dict = {}
     for group in (others, [d for d in WARM_UP_ORDER if d in requested]):
         for position, dtype in enumerate(group):
             try:
-                problems[dtype] = smoke_call(target, dtype, timeout)
+                problems[dtype] = smoke_call(target, dtype, timeout, family)
             except CallError as crash:
                 problems[dtype] = None
                 if crashes is not None:
@@ -111,10 +142,10 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None,
     return problems
 
 
-def callable_in(target: Target, problems: dict) -> Target:
+def callable_in(target, problems: dict):
     """The target restricted to the dtypes it could be called in (the distractor calls of
     the statelessness check draw from these)."""
-    return target.with_(dtypes=tuple(d for d in target.dtypes if problems.get(d) is None))
+    return replace(target, dtypes=tuple(d for d in target.dtypes if problems.get(d) is None))
 
 
 def probe_position_range(target: Target, dtype: str, options: RunOptions, reproduce: str) -> tuple[Result, Target]:
@@ -232,8 +263,11 @@ def group_causes(results: list[Result]) -> list[dict]:
     return causes
 
 
-def resolve_dtypes(requested, target: Target) -> tuple[list[str], bool]:
-    """Requested dtypes (comma-separated or repeated), or the target's; and whether explicit."""
+def resolve_dtypes(requested, target) -> tuple[list[str], bool]:
+    """Requested dtypes (comma-separated or repeated), or the target's; and whether explicit.
+    A target taking no tensors (a position builder, dtypes ("-",)) runs once, as "-"."""
+    if tuple(getattr(target, "dtypes", ())) == ("-",):
+        return ["-"], False
     names = [n for item in requested or () for n in str(item).split(",") if n.strip()]
     if names:
         return list(dict.fromkeys(canonical(n.strip()) for n in names)), True

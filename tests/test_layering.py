@@ -19,7 +19,7 @@ FRONT_DOORS = ("ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "
 
 # ropecheck's modules that are front doors or serve only them (matched against the file's
 # path below ropecheck/, with fnmatch-style patterns); everything else in ropecheck/ is core
-FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "report*.py", "identify*.py", "nd.py", "output.py",
+FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "report*.py", "identify*.py", "families.py", "output.py",
                     "session.py", "catalog.py", "__main__.py", "figures.py")
 
 
@@ -68,7 +68,7 @@ def test_core_modules_are_found():
     assert {"properties.runner", "properties.test_properties", "reference.rope", "ropecheck.target",
             "ropecheck.calling", "ropecheck.adapters.hf", "ropecheck.kernels.rope"} <= names
     assert not names & {"ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "ropecheck.report_plots",
-                        "ropecheck.identify", "ropecheck.identify_output", "ropecheck.nd", "ropecheck.session"}
+                        "ropecheck.identify", "ropecheck.identify_output", "ropecheck.families", "ropecheck.session"}
 
 
 def test_no_core_module_imports_a_front_door():

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from properties.builder_checks import BUILDER_CHECKS, family, run_builder_property
-from properties.runner import RunOptions
+from properties.builder_checks import BUILDER_PROPERTIES, BuilderTarget, family
+from properties.runner import RunOptions, run_property
 from reference import multimodal as mm
 
 SEQ = [("text", 3), ("image", 2, 3), ("text", 2)]  # L = 2, h = 2, w = 3
@@ -67,7 +67,8 @@ def _shift_text_after_media(segments, p):
 ])
 def test_builder_checks_pass_good_and_catch_bad(name, fam, good, bad, catches):
     f, options = family(*fam), RunOptions(profile="ci")
-    for prop in BUILDER_CHECKS:
-        assert run_builder_property(prop, good, f, options).status in ("passed", "skipped")
-    assert run_builder_property(catches, bad, f, options).status == "failed"
-    assert run_builder_property("reference", bad, f, options).status == "failed"
+    right, wrong = BuilderTarget(name, good, f), BuilderTarget(name, bad, f)
+    for prop in BUILDER_PROPERTIES.values():
+        assert run_property(prop, right, "-", options).status in ("passed", "skipped")
+    assert run_property(BUILDER_PROPERTIES[catches], wrong, "-", options).status == "failed"
+    assert run_property(BUILDER_PROPERTIES["reference"], wrong, "-", options).status == "failed"

@@ -1,4 +1,6 @@
-"""N-D, multimodal and builder targets: ``ropecheck check TARGET --family F``.
+"""The families beside 1-D RoPE, as ``ropecheck check TARGET --family F`` declares them: what
+the flags say the target computes, made into a target and the family's properties, which the
+one check session (``ropecheck.session``) runs as it runs 1-D RoPE.
 
 Families and what TARGET must be:
 - ``axial`` (``--axes N``, ``--layout``, ``--base``, ``--split``): ``rope(x, positions)``,
@@ -21,26 +23,23 @@ is given.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Callable, NamedTuple, Optional
 
 from properties import builder_checks
+from properties.property import Family
 from properties.nd_checks import ND_PROPERTIES, NDTarget
-from properties.runner import Result, RunOptions, run_property
-from properties.property import smoke_call
-from properties.xpos_checks import XPOS, XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
+from properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
 from reference import nd as ndref
-from ropecheck import known_failures
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
-from ropecheck.calling import CallError, InProcess, PlainCaller, TargetHung
 from ropecheck.loading import TargetLoadError, load_callable, load_callable_isolated
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
 FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES) + ("xpos",)
 ND_DEFAULT_DTYPES = ("float32", "bfloat16")
+# the call forms each family's targets may take (--call)
+CALLS = {"xpos": ("qk",), **{f: ("x", "qk") for f in ROTATION_FAMILIES}}
 
 
 class FamilyError(ValueError):
@@ -99,6 +98,71 @@ class FamilySpec:
     backward: bool = True  # False: --no-backward (the target has no autograd)
     call: Optional[str] = None  # --call: x or qk for the rotation families
 
+    def __post_init__(self):
+        for key, value in ND_ADAPTERS.get(self.target, {}).items():  # an adapter's declaration
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        if self.family not in FAMILIES:
+            raise FamilyError(f"unknown --family {self.family!r}; known: {', '.join(FAMILIES)}")
+        forms = CALLS.get(self.family, ())
+        if self.call is not None and self.call not in forms:
+            raise FamilyError(f"--call {self.call} is not available with --family {self.family} (it takes "
+                              f"{', '.join('--call ' + f for f in forms) or 'no call form'})")
+
+    @property
+    def name(self) -> str:
+        return self.target
+
+    @property
+    def registry(self) -> dict:
+        """The family's properties, by name."""
+        if self.family in BUILDER_FAMILIES:
+            return builder_checks.BUILDER_PROPERTIES
+        return XPOS_PROPERTIES if self.family == "xpos" else ND_PROPERTIES
+
+    @property
+    def family_record(self) -> Family:
+        """The Family its targets belong to (their smoke call and warm-up)."""
+        return next(iter(self.registry.values())).family
+
+    def properties(self, names=()) -> list:
+        """The properties named (all of the family's without names)."""
+        registry = self.registry
+        unknown = [n for n in names or () if n not in registry]
+        if unknown:
+            raise FamilyError(f"unknown properties {unknown}; known here: {', '.join(registry)}")
+        return [registry[n] for n in names] if names else list(registry.values())
+
+    @staticmethod
+    def range_probe(names=()) -> bool:
+        return False  # the position-range probe is 1-D RoPE's
+
+    def header(self, target) -> str:
+        """The line a run starts with: the family and its flags."""
+        flags = " ".join(self.flags()[2:])
+        return f"Family {self.family}" + (f": {flags}" if flags else "")
+
+    def build(self):
+        """The target this spec describes: an NDTarget, an XposTarget or a BuilderTarget."""
+        if self.family in BUILDER_FAMILIES:
+            try:
+                fam = builder_checks.family(BUILDER_FAMILIES[self.family], self.axes)
+            except ValueError as exc:
+                raise FamilyError(str(exc)) from None
+            loaded = self.load(rope_signature=False)
+            return builder_checks.BuilderTarget(self.target, loaded.fn, fam, executor=loaded.executor)
+        if self.family == "xpos":
+            return self.xpos_target()
+        n_axes, conv, head_dims = self.convention()
+        loaded = self.load(rope_signature=True)
+        convs = dict(zip(head_dims, conv)) if isinstance(conv, list) else conv
+        try:
+            return NDTarget(self.target, loaded.fn, n_axes, convs, head_dims, ND_DEFAULT_DTYPES,
+                            max_position=loaded.max_position, executor=loaded.executor, backward=loaded.backward,
+                            call=loaded.call)
+        except ValueError as exc:
+            raise FamilyError(str(exc)) from None
+
     def load(self, rope_signature: bool) -> "Loaded":
         """The callable, the largest position it accepts or None, its executor, and whether
         it has a backward (the target's declaration and --no-backward)."""
@@ -145,7 +209,8 @@ class FamilySpec:
         loaded = self.load(rope_signature=False)
         return XposTarget(self.target, loaded.fn, conv,
                           max_position=min(loaded.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
-                          executor=loaded.executor, backward=loaded.backward)
+                          executor=loaded.executor, backward=loaded.backward,
+                          dtypes=ND_DEFAULT_DTYPES)
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
         """(n_axes, reference convention or None, head sizes to draw)."""
@@ -172,141 +237,3 @@ class FamilySpec:
             return n_axes, convs, head_dims
         except (ValueError, TypeError) as exc:
             raise FamilyError(str(exc)) from None
-
-
-def build_session(spec: FamilySpec, dtypes, property_names, options: RunOptions, reproduce: str):
-    """Everything needed to run: a list of (property name, dtype, formula, runner) and a
-    session shell that ropecheck.output can print and save."""
-    preset = ND_ADAPTERS.get(spec.target, {})
-    for key, value in preset.items():
-        if getattr(spec, key) is None:
-            setattr(spec, key, value)
-    if spec.family not in FAMILIES:
-        raise FamilyError(f"unknown --family {spec.family!r}; known: {', '.join(FAMILIES)}")
-    runs = []
-    backward = False  # what the session reports: the rotation and xPos targets' declaration
-    if spec.family in BUILDER_FAMILIES:
-        fam = builder_checks.family(BUILDER_FAMILIES[spec.family], spec.axes) if spec.axes else \
-            builder_checks.family(BUILDER_FAMILIES[spec.family])
-        loaded = spec.load(rope_signature=False)
-        fn = PlainCaller(loaded.executor or InProcess(loaded.fn), options.timeout)
-        names = _select(property_names, builder_checks.BUILDER_CHECKS)
-        for name in names:
-            formula = builder_checks.BUILDER_CHECKS[name][0]
-            runs.append((name, "-", formula, lambda name=name: builder_checks.run_builder_property(
-                name, fn, fam, options, f"{reproduce} --property {name}")))
-        dtypes = ["-"]
-    else:
-        if spec.family == "xpos":
-            target = spec.xpos_target()
-            backward = target.backward
-            names = _select(property_names, XPOS_PROPERTIES)
-            registry = XPOS_PROPERTIES
-            for dtype in dtypes:
-                try:
-                    problem = smoke_call(XPOS, target, dtype, options.timeout)
-                except TargetHung as hung:
-                    problem = str(hung)
-                except CallError:  # a crash on the smallest input: the checks report it
-                    problem = None
-                if problem:
-                    raise FamilyError(f"target {spec.target!r} does not follow xpos(q, k, positions) -> "
-                                      f"(q_out, k_out): {problem}")
-
-            def run_one(name, dtype, command):
-                return run_property(XPOS_PROPERTIES[name], target, dtype, options, command)
-        else:
-            n_axes, conv, head_dims = spec.convention()
-            loaded = spec.load(rope_signature=True)
-            convs = conv if isinstance(conv, list) else [conv] * len(head_dims)
-            try:
-                targets = [NDTarget(spec.target, loaded.fn, n_axes, c, (d,), max_position=loaded.max_position,
-                                    executor=loaded.executor, backward=loaded.backward, call=loaded.call)
-                           for d, c in zip(head_dims, convs)]
-            except ValueError as exc:
-                raise FamilyError(str(exc)) from None
-            backward = loaded.backward
-            names = _select(property_names, ND_PROPERTIES)
-            registry = ND_PROPERTIES
-
-            def run_one(name, dtype, command):
-                results = [run_property(ND_PROPERTIES[name], t, dtype, options, command) for t in targets]
-                bad = [r for r in results if r.status in ("failed", "error")]
-                return bad[0] if bad else max(results, key=lambda r: r.max_error or 0.0)
-        for dtype in dtypes:
-            for name in names:
-                runs.append((name, dtype, registry[name].formula, lambda name=name, dtype=dtype: run_one(
-                    name, dtype, f"{reproduce} --dtype {dtype} --property {name}")))
-    shell = SimpleNamespace(
-        target=SimpleNamespace(name=spec.target, convention=None, backward=backward, inplace=False,
-                               max_position=spec.max_position),
-        dtypes=list(dtypes), properties=[SimpleNamespace(name=n) for n in names], options=options,
-        results=[], stopped=None, causes=[])
-    shell.verdict = None
-    return runs, shell
-
-
-def _select(names, registry) -> list:
-    if not names:
-        return list(registry)
-    unknown = [n for n in names if n not in registry]
-    if unknown:
-        raise FamilyError(f"unknown properties {unknown}; known here: {', '.join(registry)}")
-    return list(names)
-
-
-def verdict(results) -> str:
-    statuses = {r.status for r in results}
-    return "error" if "error" in statuses else "failed" if "failed" in statuses else "passed"
-
-
-def reproduce_command(spec: FamilySpec, profile, seed) -> str:
-    """The command line of this run, without dtypes (each run adds its own)."""
-    words = ["ropecheck", "check", spec.target] + spec.flags()
-    words += ["--profile", profile] + (["--seed", str(seed)] if seed is not None else [])
-    return shlex.join(words)
-
-
-def check_family(console, spec: FamilySpec, dtypes, property_names, options: RunOptions,
-                 json_path=None, junit_path=None, debug=False,
-                 known_paths=(known_failures.DEFAULT_FILE,)) -> int:
-    """Run a --family check; returns the exit status (0 passed, 1 failed, 2 unusable/error).
-    Failures that a record in ``known_paths`` excuses show as ``known``."""
-    from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
-                                  write_json, write_junit, write_unusable)
-    from ropecheck.session import group_causes, resolve_dtypes
-
-    try:
-        names = [n for item in dtypes or () for n in str(item).split(",") if n.strip()]
-        dtype_list = resolve_dtypes(names, SimpleNamespace(dtypes=ND_DEFAULT_DTYPES))[0]
-        runs, shell = build_session(spec, dtype_list, property_names, options,
-                                    reproduce_command(spec, options.profile, options.seed))
-        known = known_failures.load(known_paths)
-    except (FamilyError, KeyError, ValueError) as exc:
-        console.print(f"[bold red]ropecheck:[/] {exc}", highlight=False, soft_wrap=True)
-        write_unusable(json_path, junit_path, spec.target, str(exc))
-        return 2
-    console.print(f"Family {spec.family}: " + " ".join(spec.flags()[2:]) if len(spec.flags()) > 2
-                  else f"Family {spec.family}")
-    for name, dtype, formula, run in runs:
-        try:
-            result = run()
-        except TargetHung as exc:  # as the 1-D session does: one finding, then stop
-            result = Result(name, dtype, "failed", formula, message=f"{exc}; the run was stopped here")
-            shell.stopped = f"the target hung in {name} ({dtype})"
-        shell.results += known_failures.apply(spec.target, [result], known)
-        if shell.stopped:
-            break
-    shell.causes = group_causes(shell.results)
-    shell.verdict = verdict(shell.results)
-    console.print(results_table(shell))
-    print_failures(console, shell)
-    print_notes(console, shell)
-    if shell.stopped:
-        console.print(f"[bold red]stopped early:[/] {shell.stopped}")
-    if json_path:
-        write_json(json_path, shell)
-    if junit_path:
-        write_junit(junit_path, shell)
-    console.print(verdict_line(shell), soft_wrap=True)
-    return EXIT_STATUS[shell.verdict]
