@@ -120,7 +120,9 @@ class Case:
     k_heads: int = 0  # qk: k's heads
     separate: bool = False  # qk: q and k in storages of their own
     lengths: tuple = ()  # packed: sequence lengths, empty ones included
-    n_axes: Optional[int] = None  # N-D: positions (batch, seq, n_axes); None: 1-D, (batch, seq)
+    # position axes: 1-D RoPE is the N-D case with one axis, and its positions are (batch,
+    # seq) as 1-D targets take them; N-D targets take (batch, seq, n_axes)
+    n_axes: int = 1
     names: str = "x"  # what the tensors drawn from it are called (xPos: "q, k", salts 0 and 1)
 
     @property
@@ -129,8 +131,14 @@ class Case:
         return (self.batch, self.seq, self.heads + self.k_heads, self.head_dim)
 
     def positions_array(self) -> np.ndarray:
-        shape = (self.batch, self.seq) + ((self.n_axes,) if self.n_axes else ())
+        """The positions as the target takes them: (batch, seq), or (batch, seq, n_axes) for
+        more than one axis."""
+        shape = (self.batch, self.seq) + ((self.n_axes,) if self.n_axes > 1 else ())
         return np.asarray(self.positions, dtype=np.int64).reshape(shape)
+
+    def axes_array(self) -> np.ndarray:
+        """The positions with their axes: (batch, seq, n_axes), one axis included."""
+        return np.asarray(self.positions, dtype=np.int64).reshape(self.batch, self.seq, self.n_axes)
 
     def positions_tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.positions_array())
@@ -156,7 +164,7 @@ class Case:
 
     def describe(self) -> str:
         p = self.positions_array()
-        if self.n_axes:
+        if self.n_axes > 1:
             return (f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} "
                     f"({self.n_axes} axes)")
         rows = "; ".join(_short(row) for row in p)

@@ -1,5 +1,8 @@
 """Property checks of N-D rotary embeddings: ``rope(x, positions)`` with x (batch, seq,
-heads, head_dim) and positions int64 (batch, seq, n_axes).
+heads, head_dim) and positions int64 (batch, seq, n_axes). 1-D RoPE is the case n_axes = 1,
+whose targets take positions (batch, seq): ``--family axial --axes 1`` checks any 1-D
+target with these checks and the N-D reference (``reference.nd.axial`` with one axis is
+``reference.rope``).
 
 The N-D map is R_x = expm(sum_k x_k B_k); what makes it RoPE (seed, 2-D section):
 - relativity per axis and jointly: <f(q, P), f(k, P)> unchanged when P -> P + c e_k, or
@@ -106,8 +109,14 @@ def nd_cases(target: NDTarget, dtype: str):
 class NDContext(FamilyContext):
     """The N-D family's context: f in float64 and the generic per-unit-norm bound."""
 
+    def positions(self, positions: np.ndarray) -> torch.Tensor:
+        """Positions (batch, seq, n_axes) as the target takes them: one axis (1-D RoPE, the
+        N-D case with one axis) as (batch, seq)."""
+        p = np.array(positions, dtype=np.int64)
+        return torch.from_numpy(p[..., 0].copy() if self.target.n_axes == 1 else p)
+
     def f(self, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
-        return as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64))))
+        return as_float64(self.rope(x, self.positions(positions)))
 
     def eps(self, positions: np.ndarray) -> np.ndarray:
         """Allowed error per unit head-vector norm, generic angle term: (b, s, 1)."""
@@ -128,14 +137,14 @@ ND_PROPERTIES, nd_register = family_registry(ND)
 
 @nd_register(name="contract", formula="y = f(x, P) has x's shape and dtype, is finite, leaves x and P untouched")
 def nd_contract(ctx: NDContext, case: Case) -> float:
-    ctx.rope(case.tensor(), torch.from_numpy(case.positions_array()))  # the Caller checks all of it
+    ctx.rope(case.tensor(), ctx.positions(case.axes_array()))  # the Caller checks all of it
     return 0.0
 
 
 @nd_register(name="identity", formula="f(x, 0) = x")
 def nd_identity(ctx: NDContext, case: Case) -> float:
     x = case.tensor()
-    x64, p = as_float64(x), np.zeros_like(case.positions_array())
+    x64, p = as_float64(x), np.zeros_like(case.axes_array())
     bound = ctx.model.vector_bound(_norms(x64), p[..., 0])
     return assert_close(_norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D,
                         what="|f(x, 0) - x| per head vector")
@@ -143,7 +152,7 @@ def nd_identity(ctx: NDContext, case: Case) -> float:
 
 @nd_register(name="orthogonality", formula="|f(x, P)| = |x|")
 def nd_orthogonality(ctx: NDContext, case: Case) -> float:
-    x, p = case.tensor(), case.positions_array()
+    x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     return assert_close(_norms(ctx.f(x, p)), _norms(x64), ctx.model.norm_bound(_norms(x64)),
                         axes=AXES_3D, what="|f(x, P)| = |x| per head vector")
@@ -159,7 +168,7 @@ def _scores(ctx, q, k, p):
 
 
 def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> float:
-    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
+    q, k, p = case.tensor(0), case.tensor(1), case.axes_array()
     s0, b0 = _scores(ctx, q, k, p)
     s1, b1 = _scores(ctx, q, k, p + shift)
     return assert_close(s1, s0, b0 + b1 + 2 * ctx.model.floor, axes=("batch", "head", "query", "key"), what=what)
@@ -167,7 +176,7 @@ def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> flo
 
 def _shift_extra(ctx, case):
     return st.fixed_dictionaries({"axis": st.integers(0, ctx.target.n_axes - 1),
-                                  "c": st.integers(1, ctx.target.room(case.positions_array()))})
+                                  "c": st.integers(1, ctx.target.room(case.axes_array()))})
 
 
 @nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
@@ -180,7 +189,7 @@ def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
 
 @nd_register(name="relativity-joint", formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
              extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
-                 st.integers(-int(case.positions_array().min()), min(4096, ctx.target.room(case.positions_array()))),
+                 st.integers(-int(case.axes_array().min()), min(4096, ctx.target.room(case.axes_array()))),
                  min_size=ctx.target.n_axes,
                  max_size=ctx.target.n_axes)}))
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
@@ -189,12 +198,12 @@ def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
 
 @nd_register(name="commutation", formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
              extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
-                 st.integers(0, min(4096, ctx.target.room(case.positions_array()))), min_size=ctx.target.n_axes,
+                 st.integers(0, min(4096, ctx.target.room(case.axes_array()))), min_size=ctx.target.n_axes,
                  max_size=ctx.target.n_axes)}))
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
-    x, p = case.tensor(), case.positions_array()
+    x, p = case.tensor(), case.axes_array()
     q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
-    once = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
+    once = ctx.rope(x, ctx.positions(p))
     twice = ctx.f(once, q)
     direct = ctx.f(x, p + q)
     n = _norms(as_float64(x))
@@ -208,7 +217,7 @@ def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
                      "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)")
 def nd_invertibility(ctx: NDContext, case: Case) -> float:
     c = ctx.target.invertibility_step
-    p = case.positions_array() + c  # keeps P + c (e_j - e_k) >= 0
+    p = case.axes_array() + c  # keeps P + c (e_j - e_k) >= 0
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
     n_axes = ctx.target.n_axes
     base = ctx.f(x, p)
@@ -227,7 +236,7 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
              needs_convention=True)
 def nd_reference(ctx: NDContext, case: Case) -> float:
     conv = ctx.target.convention_for(case.head_dim)
-    x, p = case.tensor(), case.positions_array()
+    x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)
     bound = element_bound(ctx.model, conv, x64, p)
@@ -248,9 +257,9 @@ def nd_backward(ctx: NDContext, case: Case) -> float:
     most 2 eps |g| |v| + floor (|g| + |v|). With a declared PairRotation the VJP is compared
     elementwise with R_P^T g = R_{-P} g, the reference's inverse rotation, under the same
     per-axis element bound as ``reference`` (a transposed rotation has g's pair norms)."""
-    x, p = case.tensor(0), case.positions_array()
+    x, p = case.tensor(0), case.axes_array()
     g, v = case.tensor(1), case.tensor(2)
-    vjp = as_float64(ctx.rope.vjp(x, torch.from_numpy(p), g))
+    vjp = as_float64(ctx.rope.vjp(x, ctx.positions(p), g))
     g64, v64 = as_float64(g), as_float64(v)
     ng, nv = _norms(g64), _norms(v64)
     adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * ctx.f(v, p), -1),

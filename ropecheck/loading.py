@@ -154,9 +154,10 @@ class Declared(NamedTuple):
 
 def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
     """(callable, its ``Declared`` range and backward) for the families (N-D, xPos): an
-    adapter's function, or a file's / module's attribute, which may be an object with
-    ``fn``, ``max_position`` and ``backward`` (a Target)."""
-    if spec in ADAPTERS:
+    adapter's or a built-in's function (a 1-D built-in is the N-D case with one axis), or a
+    file's / module's attribute, which may be an object with ``fn``, ``max_position`` and
+    ``backward`` (a Target)."""
+    if spec in ADAPTERS or spec in BUILTINS:
         target = load(spec, call)
         return target.fn, Declared(target.max_position, target.backward, target.call)
     obj = resolve(spec)

@@ -160,3 +160,45 @@ def test_cli_family_a_hanging_target_is_a_finding_and_stops_the_run(tmp_path, fa
     assert result.exit_code == 1, result.output
     assert "did not return within 1 s" in result.output and "stopped early" in result.output
     assert "Traceback" not in result.output
+
+
+# --- 1-D RoPE is the N-D case with one axis -----------------------------------------------
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_one_axis_reference_is_the_1d_reference(layout):
+    from reference import apply_rope
+    conv = axial(16, 1, layout=layout, base=500000.0)
+    x = np.random.default_rng(0).standard_normal((2, 5, 3, 16))
+    p = np.random.default_rng(1).integers(0, 2**20, (2, 5))
+    np.testing.assert_allclose(conv.apply(x, p[..., None]), apply_rope(x, p, layout=layout, base=500000.0),
+                               rtol=0, atol=1e-12)
+
+
+def test_one_axis_cases_hand_1d_targets_their_positions():
+    from properties.cases import Case
+    case = Case("float32", 2, 3, 1, 8, ((0, 1, 2), (5, 6, 7)))
+    assert case.n_axes == 1 and case.positions_array().shape == (2, 3) and case.axes_array().shape == (2, 3, 1)
+
+
+@pytest.mark.parametrize("layout,builtin,passes", [("half", "rotate-half", True),
+                                                   ("interleaved", "llama-complex", True),
+                                                   ("interleaved", "rotate-half", False)])
+def test_1d_targets_under_the_nd_checks_with_one_axis(layout, builtin, passes):
+    """A 1-D target, called with positions (batch, seq), checked by the N-D family with
+    one axis: the right layout passes every N-D property, the wrong one fails reference."""
+    from ropecheck.builtins import builtin as make
+    conv = axial(8, 1, layout=layout)
+    target = NDTarget(builtin, make(builtin).fn, 1, conv, (8,))
+    statuses = {prop: run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status for prop in ND_PROPERTIES}
+    if passes:
+        assert set(statuses.values()) == {"passed"}, statuses
+    else:
+        assert statuses["reference"] == "failed" and statuses["relativity-axis"] == "passed", statuses
+
+
+def test_cli_checks_a_1d_builtin_as_nd_with_one_axis():
+    result = CliRunner().invoke(main, ["check", "llama-complex", "--family", "axial", "--axes", "1",
+                                       "--layout", "interleaved", "--profile", "ci", "--max-examples", "5",
+                                       "--dtype", "float32", "--in-process"])
+    assert result.exit_code == 0, result.output
+    assert "Family axial: --axes 1 --layout interleaved" in result.output
