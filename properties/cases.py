@@ -121,7 +121,6 @@ class Case:
     separate: bool = False  # qk: q and k in storages of their own
     lengths: tuple = ()  # packed: sequence lengths, empty ones included
     n_axes: Optional[int] = None  # N-D: positions (batch, seq, n_axes); None: 1-D, (batch, seq)
-    names: str = "x"  # what the tensors drawn from it are called (xPos: "q, k", salts 0 and 1)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -172,7 +171,7 @@ class Case:
         if self.call == "packed":
             cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
             return f"call packed: x {(s, h, d)}, cu_seqlens [{_short(np.asarray(cu))}]"
-        return f"{self.names}: shape {self.shape}"
+        return f"x: shape {self.shape}"
 
 
 def nested(positions) -> tuple:
