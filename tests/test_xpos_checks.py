@@ -24,10 +24,13 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
     hand-written backward (a custom autograd.Function) whose key gradient is "correct",
     takes the "query-scale" zeta^(+p), rotates by +n ("rotation-sign"), or takes the query's
     scale only when k has fewer heads than q ("gqa-query-scale"). ``gqa``: a bug of the GQA
-    path alone (k with fewer heads than q): "unscaled" leaves k unscaled."""
+    path alone (k with fewer heads than q): "unscaled" leaves k unscaled, "head-0" gives
+    every k head the values of k head 0 (k head j >= 1 reads the wrong q group's key)."""
     def xpos(q, k, positions):
         d = q.shape[-1]
         grouped = k.shape[2] < q.shape[2]
+        if grouped and gqa == "head-0":
+            k = k[:, :, :1].expand_as(k)
         first, second = (torch.from_numpy(a) for a in pair_indices(d, layout))
         pos = positions if positions_used else torch.arange(q.shape[1]).expand_as(positions)
         pos = pos.to(torch.float32)
@@ -111,10 +114,10 @@ def test_correct_xpos_passes_every_check_with_gqa_keys(layout):
     for prop in XPOS_PROPERTIES:
         seen = set()
         assert _status(_recording(make_xpos(layout), seen), prop, layout) == "passed", prop
-        assert any(kh < qh for qh, kh in seen), (prop, seen)
+        assert (4, 2) in seen and any(kh == 1 < qh for qh, kh in seen), (prop, seen)
 
 
-@pytest.mark.parametrize("gqa", ["unscaled"])
+@pytest.mark.parametrize("gqa", ["unscaled", "head-0"])
 def test_a_bug_of_the_gqa_path_fails_reference_scores(gqa):
     result = _result(make_xpos(gqa=gqa), "reference-scores")
     assert result.status == "failed", result.message
