@@ -25,24 +25,24 @@ Checks: contract; reference-scores (every s(m, n), computed in float64 from the 
 the float64 reference); relativity (all positions shifted by c: scores unchanged);
 position-used (moving one token by 1009 changes its scores with the others: the relative
 distance is used); backward (targets that declare it: the VJP for q and k, see below).
+Besides the drawn inputs every run tries one with q 4 heads and k 2 (``_xpos_fixed``).
 
 Backward. One VJP of the qk call at x with the gradient g = (gq, gk) on y = cat(q_out,
-k_out) gives dx = (dq, dk). f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i, so the VJP is
-dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i. The centre c
-is unknown, so dq alone cannot be compared with a reference; what can be checked exactly
-without it:
+k_out) gives dx = (dq, dk). f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i,
+so the VJP is dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i.
+The centre c is unknown, so dq alone cannot be compared with a reference; what can be
+checked exactly without it:
 - the adjoint identity, for q's heads and k's each: <dq, vq> = <gq, q_out(vq, vk)> and
-  <dk, vk> = <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the Jacobian
-  its own forward applies, at its own centre; q_out depends on q alone);
+  <dk, vk> = <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the
+  Jacobian its own forward applies, at its own centre; q_out depends on q alone);
 - the gradient scores, where c cancels as in the scores (q head h with the k head it
-  attends): dq[m] . dk[n] = sum_i
-  zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64 reference (xPos with the roles
-  swapped at positions -m, -n). With the adjoint identity this pins the VJP to the
-  reference up to what the scores leave free in the forward too (per pair, a factor on q
-  and its inverse on k, as the centre's zeta_i^(-c/s); a rotation common to all
-  positions). A key gradient with the query's scale or rotated by +n fails the adjoint
-  identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a scale in
-  bfloat16) is that forward's exact transpose and fails the gradient scores.
+  attends): dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64
+  reference (xPos with the roles swapped at positions -m, -n). With the adjoint identity
+  this pins the VJP to the reference up to what the scores leave free in the forward too
+  (per pair, a factor on q and its inverse on k, as the centre's zeta_i^(-c/s); a rotation
+  common to all positions). A key gradient with the query's scale or rotated by +n fails
+  the adjoint identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a
+  scale in bfloat16) is that forward's exact transpose and fails the gradient scores.
 
 Error model (per score, written with relative errors so that c cancels from the prefactor).
 Pair i of the query output is zeta_i^((m-c)/s) R_m q_i times (1 + e_q), |e_q| <= eps_i(m), and
@@ -77,9 +77,10 @@ but at most the computed size / (1 - eps_i); so, per head vector of q,
     |<dq, vq> - <gq, q_out(vq)>| <= sum_i eps_i/(1 - eps_i) (|dq_i| |vq_i| + |gq_i| |q_out_i|)
                                     + floor (|vq|_1 + |gq|_1),
 
-|.|_i the computed pair norms; likewise per head vector of k. A wrong VJP gains little from the computed
-sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i| |vq_i| and
-moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for a random vq.
+|.|_i the computed pair norms; likewise per head vector of k. A wrong VJP gains little from
+the computed sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i|
+|vq_i| and moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for
+a random vq.
 
 Buggy targets land far outside: a scale formed or stored in bfloat16/float16 errs by 2^-9 /
 2^-11 relative (100 to 500 times the float32 allowance); a wrong gamma, a key scaled by
@@ -173,7 +174,7 @@ class XposTarget:
 
 def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0):
     """One (q, k) input in the qk form: q's heads (1, 2 or 4), then k's: as many most of the
-    time, else fewer (GQA / MQA: a divisor of q's, one half the time), in one tensor or in
+    time, else a divisor of q's (GQA; one head, MQA, the likeliest), in one tensor or in
     storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
     spread over the range."""
     top = target.max_position - headroom
