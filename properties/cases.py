@@ -7,7 +7,7 @@ layout), a failure prints the Case, and ``Case.tensors()`` rebuilds the exact in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import torch
@@ -123,7 +123,6 @@ class Case:
     # position axes: 1-D RoPE is the N-D case with one axis, and its positions are (batch,
     # seq) as 1-D targets take them; N-D targets take (batch, seq, n_axes)
     n_axes: int = 1
-    names: str = "x"  # what the tensors drawn from it are called (xPos: "q, k", salts 0 and 1)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -180,7 +179,7 @@ class Case:
         if self.call == "packed":
             cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
             return f"call packed: x {(s, h, d)}, cu_seqlens [{_short(np.asarray(cu))}]"
-        return f"{self.names}: shape {self.shape}"
+        return f"x: shape {self.shape}"
 
 
 def nested(positions) -> tuple:

@@ -1,9 +1,14 @@
 """Property checks of xPos targets (``ropecheck check TARGET --family xpos``).
 
-Contract: ``xpos(q, k, positions) -> (q_out, k_out)``; q, k torch tensors (batch, seq, heads,
-head_dim) of one dtype, positions int64 (batch, seq), the same positions for queries and keys
-(self-attention). q_out, k_out have q's shape and dtype, are finite, and q, k, positions are
-left untouched. xPos (Sun et al. 2022) maps, per pair i (``reference.relatives.apply_xpos``),
+Contract: ``xpos(q, k, positions) -> (q_out, k_out)``, called in the qk form of the one
+calling layer (``ropecheck.call_forms``): each input is one canonical x (batch, seq, q_heads
++ k_heads, head_dim) whose heads [0, q_heads) are q and the others k, k_heads dividing
+q_heads (as many most of the time; fewer for GQA / MQA, where q head h attends k head
+h // (q_heads / k_heads)), q and k slices of one tensor or tensors of their own; positions
+int64 (batch, seq), the same for queries and keys (self-attention). q_out and k_out have q's
+and k's shapes and their dtype, are finite, and q, k, positions are left untouched; the
+checks read y = cat(q_out, k_out) along heads. xPos (Sun et al. 2022) maps, per pair i
+(``reference.relatives.apply_xpos``),
 
     q_m -> zeta_i^((m - c)/s) R_m q,   k_n -> zeta_i^(-(n - c)/s) R_n k,
     zeta_i = (2i/d + gamma)/(1 + gamma),
@@ -11,7 +16,8 @@ left untouched. xPos (Sun et al. 2022) maps, per pair i (``reference.relatives.a
 for any centre c that is the same for q and k within one call (rotary-embedding-torch centres
 on seq_len // 2, x-transformers on (max position + 1) // 2; the paper's form has c = 0). Single
 outputs therefore are not comparable between implementations; the scores are, and they are
-what xPos promises (relativity of the scaled product, not of norms):
+what xPos promises (relativity of the scaled product, not of norms): for q head h and the k
+head it attends,
 
     s(m, n) = q_out[m] . k_out[n] = sum_i zeta_i^((m - n)/s) [R_m q]_i . [R_n k]_i.
 
@@ -19,22 +25,24 @@ Checks: contract; reference-scores (every s(m, n), computed in float64 from the 
 the float64 reference); relativity (all positions shifted by c: scores unchanged);
 position-used (moving one token by 1009 changes its scores with the others: the relative
 distance is used); backward (targets that declare it: the VJP for q and k, see below).
+Besides the drawn inputs every run tries one with q 4 heads and k 2 (``_xpos_fixed``).
 
-Backward. f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i, so the VJP is
-dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i. The centre c
-is unknown, so dq alone cannot be compared with a reference; what can be checked exactly
-without it:
-- the adjoint identity, for q and k each: <dq, vq> = <gq, q_out(vq, vk)> and <dk, vk> =
-  <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the Jacobian
-  its own forward applies, at its own centre; q_out depends on q alone);
-- the gradient scores, where c cancels as in the scores: dq[m] . dk[n] = sum_i
-  zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64 reference (xPos with the roles
-  swapped at positions -m, -n). With the adjoint identity this pins the VJP to the
-  reference up to what the scores leave free in the forward too (per pair, a factor on q
-  and its inverse on k, as the centre's zeta_i^(-c/s); a rotation common to all
-  positions). A key gradient with the query's scale or rotated by +n fails the adjoint
-  identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a scale in
-  bfloat16) is that forward's exact transpose and fails the gradient scores.
+Backward. One VJP of the qk call at x with the gradient g = (gq, gk) on y = cat(q_out,
+k_out) gives dx = (dq, dk). f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i,
+so the VJP is dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i.
+The centre c is unknown, so dq alone cannot be compared with a reference; what can be
+checked exactly without it:
+- the adjoint identity, for q's heads and k's each: <dq, vq> = <gq, q_out(vq, vk)> and
+  <dk, vk> = <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the
+  Jacobian its own forward applies, at its own centre; q_out depends on q alone);
+- the gradient scores, where c cancels as in the scores (q head h with the k head it
+  attends): dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64
+  reference (xPos with the roles swapped at positions -m, -n). With the adjoint identity
+  this pins the VJP to the reference up to what the scores leave free in the forward too
+  (per pair, a factor on q and its inverse on k, as the centre's zeta_i^(-c/s); a rotation
+  common to all positions). A key gradient with the query's scale or rotated by +n fails
+  the adjoint identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a
+  scale in bfloat16) is that forward's exact transpose and fails the gradient scores.
 
 Error model (per score, written with relative errors so that c cancels from the prefactor).
 Pair i of the query output is zeta_i^((m-c)/s) R_m q_i times (1 + e_q), |e_q| <= eps_i(m), and
@@ -43,7 +51,8 @@ likewise for the key at n, so
     |s_hat(m, n) - s(m, n)| <= sum_i |q_i| |k_i| zeta_i^((m-n)/s) (eps_i(m) + eps_i(n) + eps_i(m) eps_i(n))
                                + floor (|q_out[m]|_1 + |k_out[n]|_1),
 
-where |q_i| is the pair's norm and the scores are summed in float64 (no accumulation term).
+where |q_i| and |k_i| are the pair's norms in the q head and in the k head it attends, and
+the scores are summed in float64 (no accumulation term).
 eps_i(m), the relative error of one output pair, has three parts:
 
 1. the rotation, the 1-D model of ``ropecheck.tolerance`` for a whole pair vector:
@@ -63,14 +72,15 @@ The backward's error model is the forward's: a VJP pair is zeta_i^((m-c)/s) R_m^
 The gradient scores therefore take the score bound above with (gq, gk) for (q, k) and (dq,
 dk) for the outputs. The adjoint identity: both sides are exactly equal, and each pair term
 is off by at most eps_i times its exact size, which is unknown (it carries zeta^((m-c)/s))
-but at most the computed size / (1 - eps_i); so, per head vector,
+but at most the computed size / (1 - eps_i); so, per head vector of q,
 
     |<dq, vq> - <gq, q_out(vq)>| <= sum_i eps_i/(1 - eps_i) (|dq_i| |vq_i| + |gq_i| |q_out_i|)
                                     + floor (|vq|_1 + |gq|_1),
 
-|.|_i the computed pair norms; likewise for k. A wrong VJP gains little from the computed
-sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i| |vq_i| and
-moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for a random vq.
+|.|_i the computed pair norms; likewise per head vector of k. A wrong VJP gains little from
+the computed sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i|
+|vq_i| and moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for
+a random vq.
 
 Buggy targets land far outside: a scale formed or stored in bfloat16/float16 errs by 2^-9 /
 2^-11 relative (100 to 500 times the float32 allowance); a wrong gamma, a key scaled by
@@ -87,19 +97,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import AXES_3D, assert_close, assert_distinct
+from properties.assertions import assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
 from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from properties.strategies import prime_step
+from properties.strategies import k_heads, prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.calling import Caller, CallError, TargetHung, raise_violations, validate_named
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import U32
 
@@ -108,7 +117,7 @@ XPOS_OPS = 3.0  # the scale: rounded to the compute dtype, its reciprocal, the e
 SCALE_POW_CONST = 5.0  # pow (2 ulp) and the key's reciprocal (1 rounding), in u32
 ZETA_CONST = 4.0  # roundings forming zeta_i in float32
 POSITION_STEP = 1009  # position-used: a prime step, so no pair's rotation comes back to itself
-SCORE_AXES = ("batch", "head", "query", "key")
+SCORE_AXES = ("batch", "q head", "query", "key")
 
 
 @dataclass(frozen=True)
@@ -129,7 +138,7 @@ class XposConvention:
                 f"gamma {self.gamma:g}")
 
     def scores(self, q64, k64, positions) -> np.ndarray:
-        """Reference scores (batch, heads, query, key) in float64."""
+        """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
         kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         return _scores(apply_xpos(q64, positions, role="query", **kw),
                        apply_xpos(k64, positions, role="key", **kw))
@@ -155,6 +164,7 @@ class XposTarget:
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
     backward: bool = True  # autograd flows through it (the backward property needs it)
     dtypes: tuple = ("float32", "bfloat16", "float16", "float64")  # the dtypes a run may check
+    call: str = "qk"  # xPos takes q and k: the qk call form (ropecheck.call_forms)
 
     @property
     def position_step(self) -> int:
@@ -163,42 +173,24 @@ class XposTarget:
         return prime_step(POSITION_STEP, self.max_position // 2)
 
 
-class PairCaller(Caller):
-    """Calls ``xpos(q, k, positions)`` under the contract (time limit, exceptions as findings,
-    each output checked like a RoPE output, inputs untouched)."""
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple:
-        outcome = self.outcome("call", (q, k), positions)
-        out = outcome.outputs
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise CallError("type", f"the target returned {outcome.returned}, expected a pair (q_out, k_out)")
-        for name, y, x in zip(("q_out", "k_out"), out, (q, k)):
-            validate_named(name, y, x)
-        raise_violations(outcome)
-        return out
-
-    def vjp_pair(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, gq: torch.Tensor,
-                 gk: torch.Tensor) -> tuple:
-        """(dq, dk): the target's VJP at (q, k) with incoming gradients gq for q_out and gk
-        for k_out, through its autograd (either gradient may draw on both outputs)."""
-        return self.vjp_many((q, k), positions, (gq, gk), names=("q", "k"), outputs=("q_out", "k_out"))
-
-
 def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0):
-    """q and k (salts 0 and 1 of a Case); positions in 0 .. max_position - headroom: a tight
-    cluster or spread over the range."""
+    """One (q, k) input in the qk form: q's heads (1, 2 or 4), then k's: as many most of the
+    time, else a divisor of q's (GQA; one head, MQA, the likeliest), in one tensor or in
+    storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
+    spread over the range."""
     top = target.max_position - headroom
 
     @st.composite
     def draw(d):
-        b, s, h = d(st.integers(1, 2)), d(st.integers(min_seq, 5)), d(st.integers(1, 2))
+        b, s, h = d(st.integers(1, 2)), d(st.integers(min_seq, 5)), d(st.sampled_from((1, 2, 4)))
         spread = min(d(st.sampled_from((8, 64, top))), top)
         start = d(st.sampled_from((0, 0, 7, 1000, top - spread)))
         start = max(0, min(start, top - spread))
         p = d(st.lists(st.integers(0, spread), min_size=b * s, max_size=b * s))
         p = (np.asarray(p, dtype=np.int64) + start).reshape(b, s)
         return Case(dtype, b, s, h, d(st.sampled_from(target.head_dims)), nested(p),
-                    seed=d(st.integers(0, 2**16)), names="q, k")
+                    seed=d(st.integers(0, 2**16)), call="qk", k_heads=d(st.one_of(st.just(h), k_heads(h, False))),
+                    separate=d(st.booleans()))
     return draw()
 
 
@@ -206,17 +198,29 @@ def _scores(q, k) -> np.ndarray:
     return np.einsum("bihd,bjhd->bhij", q, k)
 
 
+def _qk(x64: np.ndarray, heads: int) -> tuple:
+    """(q, k) of a canonical (batch, seq, q_heads + k_heads, head_dim) array, k's heads
+    repeated to q's: q head h meets k head h // (q_heads / k_heads), the one it attends."""
+    q, k = x64[:, :, :heads], x64[:, :, heads:]
+    return q, np.repeat(k, heads // k.shape[2], axis=2)
+
+
+def _attends(case: Case) -> str:
+    """Which k head a q head's scores use, for a failure message (GQA / MQA only)."""
+    group = case.heads // case.k_heads
+    return "" if group == 1 else f"; q head h with k head h // {group}"
+
+
 @dataclass
 class XposContext(FamilyContext):
     """The xPos family's context: scores of (q_out, k_out) and their error model."""
 
-    caller = PairCaller
-
-    def scores(self, q, k, positions: np.ndarray) -> tuple:
-        """(scores, allowed error), each (batch, heads, query, key), in float64."""
-        qo, ko = self.rope(q, k, torch.from_numpy(np.array(positions, dtype=np.int64)))
-        qo, ko = as_float64(qo), as_float64(ko)
-        return _scores(qo, ko), self.score_bound(as_float64(q), as_float64(k), positions, qo, ko)
+    def scores(self, case: Case, x: torch.Tensor, positions: np.ndarray) -> tuple:
+        """(scores, allowed error) of the qk call on x (the case's q and k), each (batch,
+        q heads, query, key), in float64."""
+        y = as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64)), case))
+        (q, k), (q_out, k_out) = _qk(as_float64(x), case.heads), _qk(y, case.heads)
+        return _scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
 
     def pair_error(self, positions: np.ndarray, head_dim: int) -> np.ndarray:
         """eps_i(m) of the module docstring: (batch, seq, head_dim/2)."""
@@ -229,6 +233,7 @@ class XposContext(FamilyContext):
         return rotation + XPOS_OPS * model.unit + scale
 
     def score_bound(self, q64, k64, positions, q_out, k_out) -> np.ndarray:
+        """The score bound of the module docstring; k64 and k_out have q's heads (``_qk``)."""
         conv = self.target.convention
         head_dim = q64.shape[-1]
         i, j = pair_indices(head_dim, conv.layout)
@@ -243,54 +248,73 @@ class XposContext(FamilyContext):
         return bound + floor
 
 
+def _headroom(prop, target: XposTarget) -> int:
+    """How far below max_position a property's inputs stay (position-used moves a token up)."""
+    return min(prop.case_options.get("headroom", 0), target.position_step)
+
+
 def _xpos_cases(prop, ctx: XposContext):
-    options = prop.case_options
-    return xpos_cases(ctx.target, ctx.dtype, options.get("min_seq", 1),
-                      min(options.get("headroom", 0), ctx.target.position_step))
+    return xpos_cases(ctx.target, ctx.dtype, prop.case_options.get("min_seq", 1), _headroom(prop, ctx.target))
+
+
+def _xpos_fixed(prop, ctx: XposContext) -> list:
+    """The input every run tries: GQA with more than one key head (q 4 heads, k 2: k head j
+    serves q heads 2j and 2j + 1, in storages of their own), where a kernel that gives a q
+    group the wrong k head shows; the draws have it rarely. Positions 0, 1, top / 4, top / 2,
+    top the largest the property draws."""
+    top = ctx.target.max_position - _headroom(prop, ctx.target)
+    case = Case(ctx.dtype, 1, 4, 4, ctx.target.head_dims[-1], nested([[0, 1, top // 4, top // 2]]), seed=1,
+                call="qk", k_heads=2, separate=True)
+    return [(case, prop.example_extras(ctx, case))]
 
 
 def _xpos_smoke_inputs(target: XposTarget, dtype: str):
     for head_dim in target.head_dims:
         q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
-        yield SmokeInput(f"q, k {tuple(q.shape)}", f"q, k: shape {tuple(q.shape)} {dtype}, standard normal "
-                         "(seed 0), k = q reversed in seq; positions 0, 1, 2",
-                         lambda rope, q=q: rope(q, q.flip(1), torch.arange(3).reshape(1, 3)))
+        x = torch.cat((q, q.flip(1)), dim=2)  # the qk form's default split: q head 0, k head 1
+        yield SmokeInput(f"q, k {tuple(q.shape)}", f"q, k: shape {tuple(q.shape)} each (heads 0 and 1 of x "
+                         f"{tuple(x.shape)}) {dtype}, standard normal (seed 0), k = q reversed in seq; "
+                         "positions 0, 1, 2", lambda rope, x=x: rope(x, torch.arange(3).reshape(1, 3)))
 
 
-# xPos: xpos(q, k, positions) -> (q_out, k_out), a q/k family with a scale model; a target
-# that returns no pair of tensors cannot be judged as xPos at all
-XPOS = Family("xPos", XposContext, _xpos_cases, smoke_inputs=_xpos_smoke_inputs, unusable=("raised", "type"))
+# xPos: xpos(q, k, positions) -> (q_out, k_out) in the qk call form, a q/k family with a scale
+# model; a target that returns no pair of tensors cannot be judged as xPos at all
+XPOS = Family("xPos", XposContext, _xpos_cases, _xpos_fixed, smoke_inputs=_xpos_smoke_inputs,
+              unusable=("raised", "type"))
 
 
 XPOS_PROPERTIES: dict[str, Property]
 XPOS_PROPERTIES, xpos_register = family_registry(XPOS)
 
 
-@xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's shape and dtype, "
+@xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's and k's shapes and dtype, "
                                         "finite, q, k and P untouched")
 def xpos_contract(ctx: XposContext, case: Case) -> float:
-    ctx.rope(case.tensor(0), case.tensor(1), torch.from_numpy(case.positions_array()))  # checks all of it
+    ctx.rope(case.tensor(), case.positions_tensor(), case)  # the Caller checks all of it
     return 0.0
 
 
 @xpos_register(name="reference-scores",
                formula="q_out[m] . k_out[n] = sum_i zeta_i^((m-n)/s) [R_m q]_i . [R_n k]_i (float64 reference)")
 def xpos_reference_scores(ctx: XposContext, case: Case) -> float:
-    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
-    got, bound = ctx.scores(q, k, p)
-    expected = ctx.target.convention.scores(as_float64(q), as_float64(k), p)
+    x, p = case.tensor(), case.positions_array()
+    got, bound = ctx.scores(case, x, p)
+    expected = ctx.target.convention.scores(*_qk(as_float64(x), case.heads), p)
     return assert_close(got, expected, bound, axes=SCORE_AXES,
-                        what=f"scores vs the float64 reference ({ctx.target.convention.description})")
+                        what=f"scores vs the float64 reference ({ctx.target.convention.description}"
+                             f"{_attends(case)})")
 
 
 @xpos_register(name="relativity", formula="scores at P + c = scores at P (all positions shifted by c)",
                extras=lambda ctx, case: st.fixed_dictionaries({"c": st.integers(
-                   -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max()))}))
+                   -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max()))}),
+               example_extras=lambda ctx, case: {"c": int(case.positions_array().max())})
 def xpos_relativity(ctx: XposContext, case: Case, c: int) -> float:
-    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
-    s0, b0 = ctx.scores(q, k, p)
-    s1, b1 = ctx.scores(q, k, p + c)
-    return assert_close(s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}")
+    x, p = case.tensor(), case.positions_array()
+    s0, b0 = ctx.scores(case, x, p)
+    s1, b1 = ctx.scores(case, x, p + c)
+    return assert_close(s1, s0, b0 + b1, axes=SCORE_AXES,
+                        what=f"scores after shifting every position by {c}{_attends(case)}")
 
 
 @xpos_register(name="position-used", case_options={"min_seq": 2, "headroom": POSITION_STEP},
@@ -300,15 +324,15 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
     """With q = k = u on pair 0 alone, s(m, n) = zeta_0^((m-n)/s) cos((m-n) theta_0): one term, so
     the noise cannot cancel against other pairs. Moving the key by c = 1009 multiplies it by
     zeta_0^(-c/s) ~ 11.8 (gamma 0.4) and turns it by c theta_0; moving the query divides it.
-    Per (batch, head) the most-changed of those scores must move beyond its noise."""
+    Per (batch, q head) the most-changed of those scores must move beyond its noise."""
     p = case.positions_array()
-    u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))
+    u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))  # every head of q and k
     u[..., int(pair_indices(case.shape[-1], ctx.target.convention.layout)[0][0])] = 1.0
     moved = p.copy()
     step = ctx.target.position_step
     moved[:, -1] += step
-    s0, b0 = ctx.scores(u, u, p)
-    s1, b1 = ctx.scores(u, u, moved)
+    s0, b0 = ctx.scores(case, u, p)
+    s1, b1 = ctx.scores(case, u, moved)
 
     def affected(s):  # scores between the last token and the others: (batch, head, 2 (seq - 1))
         return np.concatenate([s[..., :-1, -1], s[..., -1, :-1]], axis=-1)
@@ -316,7 +340,7 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
     change, noise = np.abs(affected(s1) - affected(s0)), affected(b0) + affected(b1)
     best = np.argmax(change / np.maximum(noise, np.finfo(np.float64).tiny), axis=-1)[..., None]
     return assert_distinct(np.take_along_axis(change, best, -1)[..., 0], 0.0, np.take_along_axis(noise, best, -1)[..., 0],
-                           axes=("batch", "head"),
+                           axes=SCORE_AXES[:2],
                            what=f"moving the last token by {step} leaves its scores unchanged: "
                                 "the position is not used")
 
@@ -336,30 +360,30 @@ def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
                        "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
                        "centre-free)")
 def xpos_backward(ctx: XposContext, case: Case) -> float:
-    """The target's VJP at (q, k) with incoming gradients (gq, gk): the adjoint identity for
-    each of q and k against the target's own forward, then the gradient scores against the
-    float64 reference (module docstring: what c leaves checkable, and the error model)."""
-    q, k, p = case.tensor(0), case.tensor(1), case.positions_array()
-    gq, gk, vq, vk = (case.tensor(salt) for salt in (2, 3, 4, 5))
+    """The target's VJP at x = (q, k) with the incoming gradient g = (gq, gk): the adjoint
+    identity for each of q and k against the target's own forward, then the gradient scores
+    against the float64 reference (module docstring: what c leaves checkable, and the error
+    model)."""
+    x, g, v, p = case.tensor(0), case.tensor(1), case.tensor(2), case.positions_array()
     positions = torch.from_numpy(p)
-    dq, dk = (as_float64(t) for t in ctx.rope.vjp_pair(q, k, positions, gq, gk))
-    fq, fk = (as_float64(t) for t in ctx.rope(vq, vk, positions))
+    dx = as_float64(ctx.rope.vjp(x, positions, g))  # (dq, dk)
+    fv = as_float64(ctx.rope(v, positions, case))  # (q_out(vq), k_out(vk))
+    g64, v64 = as_float64(g), as_float64(v)
     conv = ctx.target.convention
     first, second = pair_indices(case.shape[-1], conv.layout)
     order = np.stack([first, second], -1).reshape(-1)  # pair i at features 2i, 2i + 1
     eps = ctx.pair_error(p, case.shape[-1])
     worst = 0.0
-    for name, vjp, g, v, forward in (("q", dq, gq, vq, fq), ("k", dk, gk, vk, fk)):
-        g64, v64 = as_float64(g), as_float64(v)
-        bound = _adjoint_bound(eps, g64[..., order], v64[..., order], vjp[..., order], forward[..., order],
+    for name, heads in (("q", slice(None, case.heads)), ("k", slice(case.heads, None))):
+        vjp, g_, v_, forward = (t[:, :, heads] for t in (dx, g64, v64, fv))
+        bound = _adjoint_bound(eps, g_[..., order], v_[..., order], vjp[..., order], forward[..., order],
                                ctx.model.floor)
-        worst = max(worst, assert_close(np.sum(vjp * v64, -1), np.sum(g64 * forward, -1), bound, axes=AXES_3D,
+        worst = max(worst, assert_close(np.sum(vjp * v_, -1), np.sum(g_ * forward, -1), bound,
+                                        axes=("batch", "seq", f"{name} head"),
                                         what=f"adjoint identity for {name}: <d{name}, v{name}> = "
                                              f"<g{name}, {name}_out(v{name})> per head"))
-    gq64, gk64 = as_float64(gq), as_float64(gk)
-    scores = assert_close(_scores(dq, dk), conv.gradient_scores(gq64, gk64, p), ctx.score_bound(gq64, gk64, p, dq, dk),
+    (gq, gk), (dq, dk) = _qk(g64, case.heads), _qk(dx, case.heads)
+    scores = assert_close(_scores(dq, dk), conv.gradient_scores(gq, gk, p), ctx.score_bound(gq, gk, p, dq, dk),
                           axes=SCORE_AXES, what=f"gradient scores dq[m] . dk[n] vs the float64 reference "
-                                                f"({conv.description})")
+                                                f"({conv.description}{_attends(case)})")
     return max(worst, scores)
-
-

@@ -114,6 +114,7 @@ class Form:
         if k is None or hq == heads:
             return q_out, out
         _fits("k_out", k_out, k)
+        _both_differentiable(x, q_out, k_out)
         return torch.cat((q_out, k_out), dim=2), out
 
     # --- packed -------------------------------------------------------------------------
@@ -155,6 +156,17 @@ def _qk_outputs(out, has_k: bool):
     if has_k and k_out is None:
         raise ReturnedWrong("type", "the target returned no k_out for a k it was given")
     return q_out, k_out
+
+
+def _both_differentiable(x: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+    """In a VJP (x requires grad), autograd reaches both q_out and k_out or neither (the VJP
+    names that): with one cut off, y = cat(q_out, k_out) still requires grad and the
+    gradient for that one's input would come back silently zero."""
+    if not x.requires_grad or q_out.requires_grad == k_out.requires_grad:
+        return
+    cut, flows = ("k_out", "q_out") if q_out.requires_grad else ("q_out", "k_out")
+    raise ReturnedWrong("backward", f"{cut} does not require grad while {flows} does: autograd does not "
+                                    f"flow through the target to {cut}")
 
 
 def mismatch(y, x: torch.Tensor, name: str = "output") -> Optional[tuple]:

@@ -224,36 +224,13 @@ class Caller:
     def vjp(self, x: torch.Tensor, positions: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """The vector-Jacobian product g^T df/dx at x, through the target's autograd; the
         incoming gradient stays the caller's (a backward writing into it is a finding)."""
-        return self.vjp_many((x,), positions, (grad,))[0]
-
-    def vjp_many(self, args: tuple, positions: torch.Tensor, grads: tuple,
-                 names: tuple = ("x",), outputs: tuple = ("y",)) -> tuple:
-        """The VJP of a target with several tensor arguments and as many outputs (xPos:
-        (q, k) -> (q_out, k_out)): output i gets the incoming gradient ``grads[i]``, and the
-        result holds sum_i (d out_i / d arg_j)^T grads[i] for each argument j. Output i is
-        checked against argument i (shape, dtype, device, finite), each gradient against
-        its argument; ``names`` and ``outputs`` name them in a finding."""
-        outcome = self.outcome("vjp", args, positions, grads)
-        n = len(grads)
+        outcome = self.outcome("vjp", (x,), positions, (grad,))
         if outcome.outputs is None:
-            expected = "a torch.Tensor" if n == 1 else f"a tuple of {n} tensors ({', '.join(outputs)})"
-            raise CallError("type", f"the target returned {outcome.returned}, expected {expected}")
-        ys, gs = outcome.outputs[:n], outcome.outputs[n:]
-        for name, y, x in zip(outputs, ys, args):
-            validate_named(name if n > 1 else "", y, x)
-        for name, g, x in zip(names, gs, args):
-            if g is None:
-                raise CallError("backward", f"backward returned no gradient for {name}")
-            validate_named(f"gradient for {name}" if n > 1 else "", g, x)
-        raise_violations(outcome)
-        return gs
-
-
-def validate_named(name: str, y, x: torch.Tensor) -> None:
-    """validate(y, x), the finding prefixed by ``name`` when there is one."""
-    try:
+            raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
+        y, g = outcome.outputs
         validate(y, x)
-    except CallError as exc:
-        if not name:
-            raise
-        raise CallError(exc.kind, f"{name}: {exc}") from None
+        if g is None:
+            raise CallError("backward", "backward returned no gradient for x")
+        validate(g, x)
+        raise_violations(outcome)
+        return g

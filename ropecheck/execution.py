@@ -159,7 +159,7 @@ def _raised(exc: BaseException) -> tuple:
 
 def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     """(canonical outputs, what the target returned): fn called on args in its call form
-    (``ropecheck.call_forms``; several tensors, as xPos' (q, k), go as they are)."""
+    (``ropecheck.call_forms``; several tensors go as they are)."""
     if form is None or form.call == "x" or len(args) != 1:
         out = fn(*args, positions)
         return out, out

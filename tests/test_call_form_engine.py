@@ -111,6 +111,14 @@ def test_qk_outputs_that_do_not_fit_are_contract_findings():
         caller(case.tensor(), case.positions_tensor(), case=case)
 
 
+def test_a_qk_vjp_with_one_output_cut_from_autograd_names_it():
+    case = in_form(critical_cases("float32")[3], "qk")  # one key head
+    caller = Caller(Target("t", lambda q, k, p: (q * 2, k.detach() * 2), call="qk"))
+    caller.case = case
+    with pytest.raises(CallError, match="k_out does not require grad while q_out does"):
+        caller.vjp(case.tensor(), case.positions_tensor(), case.tensor(1))
+
+
 def _offsets_only(x, positions):
     """A kernel taking per-row offsets: refuses positions that do not count up."""
     if not bool((positions[:, 1:] - positions[:, :-1] == 1).all()):

@@ -19,12 +19,18 @@ OPTIONS = RunOptions(profile="ci", max_examples=8)
 
 
 def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.float32, scaled=True,
-              positions_used=True, centre=True, key_grad=None):
+              positions_used=True, centre=True, key_grad=None, gqa=None):
     """A float32 torch xPos; the keyword arguments break it one way each. ``key_grad``: a
     hand-written backward (a custom autograd.Function) whose key gradient is "correct",
-    takes the "query-scale" zeta^(+p) or rotates by +n ("rotation-sign")."""
+    takes the "query-scale" zeta^(+p), rotates by +n ("rotation-sign"), or takes the query's
+    scale only when k has fewer heads than q ("gqa-query-scale"). ``gqa``: a bug of the GQA
+    path alone (k with fewer heads than q): "unscaled" leaves k unscaled, "head-0" gives
+    every k head the values of k head 0 (k head j >= 1 reads the wrong q group's key)."""
     def xpos(q, k, positions):
         d = q.shape[-1]
+        grouped = k.shape[2] < q.shape[2]
+        if grouped and gqa == "head-0":
+            k = k[:, :, :1].expand_as(k)
         first, second = (torch.from_numpy(a) for a in pair_indices(d, layout))
         pos = positions if positions_used else torch.arange(q.shape[1]).expand_as(positions)
         pos = pos.to(torch.float32)
@@ -34,6 +40,8 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
         power = (pos - (pos.max() + 1).floor_divide(2) if centre else pos)[..., None, None] / 512.0
         scale_q = (zeta ** power).to(scale_dtype).to(torch.float32) if scaled else 1.0
         scale_k = (zeta ** (key_sign * power)).to(scale_dtype).to(torch.float32) if scaled else 1.0
+        if grouped and gqa == "unscaled":
+            scale_k = 1.0
 
         def rotate(x, scale, sign=1.0):
             a, b = x[..., first].float(), x[..., second].float()
@@ -53,7 +61,8 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
             @staticmethod
             def backward(ctx, gq, gk):  # VJP: zeta^p R_m^T gq, zeta^-p R_n^T gk
                 dk = {"correct": lambda: rotate(gk, scale_k, -1.0), "query-scale": lambda: rotate(gk, scale_q, -1.0),
-                      "rotation-sign": lambda: rotate(gk, scale_k)}[key_grad]()
+                      "rotation-sign": lambda: rotate(gk, scale_k),
+                      "gqa-query-scale": lambda: rotate(gk, scale_q if grouped else scale_k, -1.0)}[key_grad]()
                 return rotate(gq, scale_q, -1.0), dk
         return Xpos.apply(q, k)
     return xpos
@@ -81,6 +90,48 @@ def test_reference_layouts_are_one_map_up_to_the_permutation():
 def test_correct_xpos_passes_every_check(layout, centre):
     for prop in XPOS_PROPERTIES:
         assert _status(make_xpos(layout, centre=centre), prop, layout) == "passed", prop
+
+
+def _recording(fn, seen: set):
+    """fn, noting the (q heads, k heads) of every call in ``seen``."""
+    def xpos(q, k, positions):
+        seen.add((q.shape[2], k.shape[2]))
+        return fn(q, k, positions)
+    return xpos
+
+
+def _heads(counterexample: str) -> tuple:
+    """(q heads, k heads) of a qk counterexample ("call qk: q (b, s, h, d), k (b, s, kh, d) ...")."""
+    found = re.search(r"call qk: q \(\d+, \d+, (\d+), \d+\), k \(\d+, \d+, (\d+), \d+\)", counterexample)
+    assert found, counterexample
+    return int(found[1]), int(found[2])
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_correct_xpos_passes_every_check_with_gqa_keys(layout):
+    """q and k come as one qk call; k may have fewer heads (GQA: q head h attends k head
+    h // (q_heads / k_heads); MQA: one k head). Every property sees both and passes."""
+    for prop in XPOS_PROPERTIES:
+        seen = set()
+        assert _status(_recording(make_xpos(layout), seen), prop, layout) == "passed", prop
+        assert (4, 2) in seen and any(kh == 1 < qh for qh, kh in seen), (prop, seen)
+
+
+@pytest.mark.parametrize("gqa", ["unscaled", "head-0"])
+def test_a_bug_of_the_gqa_path_fails_reference_scores(gqa):
+    result = _result(make_xpos(gqa=gqa), "reference-scores")
+    assert result.status == "failed", result.message
+    q_heads, k_heads = _heads(result.counterexample)
+    assert k_heads < q_heads and f"q head h with k head h // {q_heads // k_heads}" in result.message, result
+
+
+def test_backward_catches_a_key_gradient_wrong_only_with_gqa():
+    fn = make_xpos(key_grad="gqa-query-scale")
+    assert _status(fn, "reference-scores") == "passed"  # the forward is right
+    result = _result(fn, "backward")
+    assert result.status == "failed" and "adjoint identity for k" in result.message, result.message
+    q_heads, k_heads = _heads(result.counterexample)
+    assert k_heads < q_heads, result.counterexample
 
 
 @pytest.mark.parametrize("broken, fails", [
@@ -130,7 +181,7 @@ def test_backward_needs_autograd_or_a_declaration():
     assert result.status == "failed" and "declare --no-backward" in result.message, result.message
     k_detached = lambda q, k, p: (good(q, k, p)[0], good(q, k, p)[1].detach())
     result = _result(k_detached, "backward")
-    assert result.status == "failed" and "output 1 does not require grad" in result.message, result.message
+    assert result.status == "failed" and "k_out does not require grad" in result.message, result.message
     result = _result(no_autograd, "backward", backward=False)
     assert result.status == "skipped" and result.message == "target declares no backward"
 
@@ -152,6 +203,14 @@ def test_contract_turns_bad_outputs_into_findings():
         assert result.status == "failed" and result.message, result
 
 
+def test_contract_k_out_shaped_as_q_fails_with_fewer_k_heads():
+    target = XposTarget("t", lambda q, k, p: (q.clone(), q.clone()), XposConvention(), head_dims=(8,))
+    result = run_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
+    assert result.status == "failed" and "k_out shape" in result.message, result
+    q_heads, k_heads = _heads(result.counterexample)
+    assert k_heads < q_heads, result.counterexample
+
+
 def test_cli_xpos_exit_codes(tmp_path):
     good = tmp_path / "xp.py"
     good.write_text("from tests.test_xpos_checks import make_xpos\n"
@@ -167,7 +226,7 @@ def test_cli_xpos_exit_codes(tmp_path):
     r = run(f"{good}:detached", "--no-backward")
     assert r.exit_code == 0 and re.search(r"backward\s*│\s*skip", r.output), r.output
     r = run(f"{good}:single")
-    assert r.exit_code == 2 and "expected a pair" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "expected (q_out, k_out)" in r.output and "Traceback" not in r.output
     r = run(f"{good}:good", "--gamma", "-1")
     assert r.exit_code == 2 and "gamma" in r.output and "Traceback" not in r.output
 
