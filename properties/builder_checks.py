@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import CheckFailure
-from properties.property import Family, Property, family_registry
+from properties.property import Family, FamilyContext, Property, family_registry
 from reference import multimodal as mm
 from ropecheck.calling import CallError, PlainCaller, executor_of
 
@@ -145,16 +145,15 @@ class BuilderTarget:
 
 
 @dataclass
-class BuilderContext:
+class BuilderContext(FamilyContext):
     """The builder family's context: the builder behind the calling layer (time limit,
-    exceptions as findings) and its family's rules."""
+    exceptions as findings; it takes segments, not tensors, so no error model: positions
+    are compared exactly) and its family's rules."""
 
-    target: BuilderTarget
-    dtype: str = "-"
-    timeout: Optional[float] = 20.0
+    caller = PlainCaller
 
     def __post_init__(self):
-        self.rope = PlainCaller(executor_of(self.target), self.timeout)
+        self.rope = self.caller(executor_of(self.target), self.timeout)
         self.family = self.target.family
 
 

@@ -14,8 +14,8 @@ Families and what TARGET must be:
 - ``rope-tie-builder``, ``rope-tv-builder`` (``--axes 2`` or ``3``), ``mrope-builder``:
   ``build_positions(segments) -> array (tokens, n_axes)`` (``reference.multimodal``).
 - ``xpos`` (``--layout``, ``--base``, ``--scale-base``, ``--gamma``; defaults interleaved,
-  10000, 512, 0.4): ``xpos(q, k, positions) -> (q_out, k_out)``, positions int64 (batch, seq)
-  (``properties.xpos_checks``).
+  10000, 512, 0.4): ``xpos(q, k, positions) -> (q_out, k_out)``, the qk call form (k may have
+  fewer heads than q), positions int64 (batch, seq) (``properties.xpos_checks``).
 Rotation and xPos targets are checked backward too (their VJP through autograd) unless
 they declare no backward (an adapter's ``backward=False``, a Target's) or ``--no-backward``
 is given.
