@@ -19,10 +19,11 @@ import torch
 from hypothesis import strategies as st
 
 from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
-from properties.cases import EXOTIC_LAYOUTS, GRAD_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases, in_form,
-                                   large_cases, max_position_for, position_grids, scales, within)
+from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
+                                   example_grad_layout, grad_layouts, in_form, large_cases, max_position_for,
+                                   position_grids, scales, within)
 from ropecheck.calling import CallError
 from ropecheck.dtypes import torch_dtype
 from ropecheck.target import Target
@@ -386,17 +387,8 @@ def invertibility(ctx: Context, case: Case, k: int) -> float:
                            what=f"f(x, m) against f(x, m + {k})")
 
 
-def _grad_layout(ctx, case):
-    """The incoming gradient: dense, in one of the layouts autograd produces."""
-    return st.fixed_dictionaries({"grad_layout": st.sampled_from(GRAD_LAYOUTS)})
-
-
-def _example_grad_layout(ctx, case):
-    return {"grad_layout": GRAD_LAYOUTS[case.seed % len(GRAD_LAYOUTS)]}
-
-
 @register(name="inverse", formula="f(f^T(g, m), m) = g, with f^T the target's own VJP",
-          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout)
+          needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout)
 def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
     g = case.tensor(1, memory=grad_layout)
@@ -504,7 +496,7 @@ def reference_agreement(ctx: Context, case: Case) -> float:
 
 @register(name="backward",
           formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
-          needs_backward=True, extras=_grad_layout, example_extras=_example_grad_layout,
+          needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout,
           large=1)  # the 2^14 token x head input: autograd on all four would cost a third of a run
 def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()

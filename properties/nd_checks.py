@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
 from properties.property import Family, FamilyContext, Property, family_registry
-from properties.strategies import k_heads, prime_step
+from properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
 from reference.nd import PairRotation
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
@@ -247,8 +247,8 @@ def nd_reference(ctx: NDContext, case: Case) -> float:
 @nd_register(name="backward",
              formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
                      "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
-             needs_backward=True)
-def nd_backward(ctx: NDContext, case: Case) -> float:
+             needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout)
+def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     """The target's own VJP at (x, P) applied to g. Adjoint identity, spec-free: VJP(g) = A^T g
     for the Jacobian A = R_P that f applies, so <VJP(g), v> = <g, f(v, P)> per head vector
     (tokens do not mix). Error model: each side is a computed head vector (|VJP(g)| = |g|,
@@ -256,9 +256,11 @@ def nd_backward(ctx: NDContext, case: Case) -> float:
     the VJP rotates by the same float32 angles), so the two inner products differ by at
     most 2 eps |g| |v| + floor (|g| + |v|). With a declared PairRotation the VJP is compared
     elementwise with R_P^T g = R_{-P} g, the reference's inverse rotation, under the same
-    per-axis element bound as ``reference`` (a transposed rotation has g's pair norms)."""
+    per-axis element bound as ``reference`` (a transposed rotation has g's pair norms).
+    g comes in one of the layouts autograd hands a backward (``strategies.grad_layouts``),
+    broadcast (stride 0) ones included."""
     x, p = case.tensor(0), case.axes_array()
-    g, v = case.tensor(1), case.tensor(2)
+    g, v = case.tensor(1, memory=grad_layout), case.tensor(2)
     vjp = as_float64(ctx.rope.vjp(x, ctx.positions(p), g))
     g64, v64 = as_float64(g), as_float64(v)
     ng, nv = _norms(g64), _norms(v64)

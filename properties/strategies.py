@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import strategies as st
 
-from properties.cases import MEMORY_LAYOUTS, Case
+from properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
 from ropecheck.call_forms import segment_lengths
 
 MAX_POSITION = 2**24
@@ -294,3 +294,14 @@ def in_form(case: Case, call: str, large: bool = False) -> Case:
                        positions=(tuple(rows.reshape(-1).tolist()),), memory=memory,
                        lengths=tuple(lengths))
     return case
+
+
+def grad_layouts(ctx, case):
+    """A backward property's extras: the incoming gradient's layout, dense in one of the
+    layouts autograd produces or broadcast (stride 0) from a reduction."""
+    return st.fixed_dictionaries({"grad_layout": st.sampled_from(GRAD_LAYOUTS)})
+
+
+def example_grad_layout(ctx, case) -> dict:
+    """The gradient layout of a fixed input (one per seed, so the fixed inputs vary it)."""
+    return {"grad_layout": GRAD_LAYOUTS[case.seed % len(GRAD_LAYOUTS)]}

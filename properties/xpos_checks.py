@@ -106,7 +106,7 @@ from hypothesis import strategies as st
 from properties.assertions import assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
 from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from properties.strategies import k_heads, prime_step
+from properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
 from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 from ropecheck.dtypes import torch_dtype
@@ -358,13 +358,15 @@ def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
 @xpos_register(name="backward", needs_backward=True,
                formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
                        "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
-                       "centre-free)")
-def xpos_backward(ctx: XposContext, case: Case) -> float:
+                       "centre-free)",
+               extras=grad_layouts, example_extras=example_grad_layout)
+def xpos_backward(ctx: XposContext, case: Case, grad_layout: str) -> float:
     """The target's VJP at x = (q, k) with the incoming gradient g = (gq, gk): the adjoint
     identity for each of q and k against the target's own forward, then the gradient scores
     against the float64 reference (module docstring: what c leaves checkable, and the error
-    model)."""
-    x, g, v, p = case.tensor(0), case.tensor(1), case.tensor(2), case.positions_array()
+    model). The incoming gradient comes in one of the layouts autograd hands a backward
+    (``strategies.grad_layouts``), broadcast (stride 0) ones included."""
+    x, g, v, p = case.tensor(0), case.tensor(1, memory=grad_layout), case.tensor(2), case.positions_array()
     positions = torch.from_numpy(p)
     dx = as_float64(ctx.rope.vjp(x, positions, g))  # (dq, dk)
     fv = as_float64(ctx.rope(v, positions, case))  # (q_out(vq), k_out(vk))

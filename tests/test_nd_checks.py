@@ -88,6 +88,18 @@ def test_backward_catches_a_vjp_that_rotates_by_plus_p(conv, dtype):
         assert declared or "adjoint identity" in result.message, result.message
 
 
+def test_backward_catches_a_vjp_wrong_only_on_broadcast_gradients():
+    """A hand-written backward that stores its result through the incoming gradient's
+    strides is right for every dense gradient; a broadcast (stride-0) one, as autograd
+    hands the backward of a reduction, makes rows share memory: backward fails it."""
+    from tests.mutants import _like_strided
+    rope = _torch(CONV)
+    strided = with_backward(rope, lambda g, p: _like_strided(rope(g, -p), g))
+    assert _result(with_backward(rope, lambda g, p: rope(g, -p)), "backward").status == "passed"
+    result = _result(strided, "backward")
+    assert result.status == "failed" and "expanded" in result.counterexample, result
+
+
 def test_backward_reference_catches_a_vjp_right_up_to_the_adjoint():
     """The VJP of a wrong forward passes the adjoint identity (it is that forward's transpose);
     with a declared convention the comparison with R_P^T g fails it."""

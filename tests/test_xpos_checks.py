@@ -14,6 +14,7 @@ from properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget
 from reference.relatives import apply_xpos
 from reference.rope import pair_indices
 from ropecheck.cli import main
+from tests.mutants import _like_strided
 
 OPTIONS = RunOptions(profile="ci", max_examples=8)
 
@@ -23,7 +24,9 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
     """A float32 torch xPos; the keyword arguments break it one way each. ``key_grad``: a
     hand-written backward (a custom autograd.Function) whose key gradient is "correct",
     takes the "query-scale" zeta^(+p), rotates by +n ("rotation-sign"), or takes the query's
-    scale only when k has fewer heads than q ("gqa-query-scale"). ``gqa``: a bug of the GQA
+    scale only when k has fewer heads than q ("gqa-query-scale"), or is stored through the
+    incoming gradient's strides ("gradient-strides": right for dense gradients, rows share
+    memory for a broadcast one). ``gqa``: a bug of the GQA
     path alone (k with fewer heads than q): "unscaled" leaves k unscaled, "head-0" gives
     every k head the values of k head 0 (k head j >= 1 reads the wrong q group's key)."""
     def xpos(q, k, positions):
@@ -62,7 +65,8 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
             def backward(ctx, gq, gk):  # VJP: zeta^p R_m^T gq, zeta^-p R_n^T gk
                 dk = {"correct": lambda: rotate(gk, scale_k, -1.0), "query-scale": lambda: rotate(gk, scale_q, -1.0),
                       "rotation-sign": lambda: rotate(gk, scale_k),
-                      "gqa-query-scale": lambda: rotate(gk, scale_q if grouped else scale_k, -1.0)}[key_grad]()
+                      "gqa-query-scale": lambda: rotate(gk, scale_q if grouped else scale_k, -1.0),
+                      "gradient-strides": lambda: _like_strided(rotate(gk, scale_k, -1.0), gk)}[key_grad]()
                 return rotate(gq, scale_q, -1.0), dk
         return Xpos.apply(q, k)
     return xpos
@@ -164,6 +168,11 @@ def test_backward_passes_a_hand_written_correct_vjp(layout, centre, dtype):
 def test_backward_catches_a_wrong_key_gradient(key_grad, fails, centre):
     result = _result(make_xpos(centre=centre, key_grad=key_grad), "backward")
     assert result.status == "failed" and fails in result.message, result.message
+
+
+def test_backward_catches_a_key_gradient_wrong_only_on_broadcast_gradients():
+    result = _result(make_xpos(key_grad="gradient-strides"), "backward")
+    assert result.status == "failed" and "expanded" in result.counterexample, result
 
 
 @pytest.mark.parametrize("broken", [dict(key_sign=1.0), dict(scaled=False), dict(scale_dtype=torch.bfloat16)])
