@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from properties.assertions import AXES_3D, assert_close, assert_distinct
 from properties.cases import Case, as_float64, nested
 from properties.property import Family, FamilyContext, Property, family_registry
-from properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
+from properties.strategies import example_grad_layout, grad_layouts, k_heads, packed_lengths, prime_step
 from reference.nd import PairRotation
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
@@ -55,7 +55,9 @@ class NDTarget:
     max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
     executor: object = None  # where calls run (ropecheck.calling.executor_of)
     backward: bool = True  # autograd flows through it (the backward property needs it)
-    call: str = "x"  # x: rope(x, positions); qk: rope(q, k, positions) (ropecheck.call_forms)
+    # x: rope(x, positions); qk: rope(q, k, positions); packed: rope(x, cu_seqlens, positions) on
+    # x (total, heads, head_dim), positions (total, n_axes) (ropecheck.call_forms)
+    call: str = "x"
 
     def __post_init__(self):
         if self.max_position is not None and self.max_position < 255:
@@ -91,6 +93,10 @@ def nd_cases(target: NDTarget, dtype: str):
     @st.composite
     def draw(d):
         b, s, h = d(st.integers(1, 2)), d(st.integers(1, 4)), d(st.integers(1, 2))
+        lengths = ()
+        if target.call == "packed":  # one row of sequences of different lengths, empty ones too
+            lengths = tuple(d(packed_lengths(1)))
+            b, s = 1, sum(lengths)
         head_dim = d(st.sampled_from(target.head_dims))
         top = target.limit // 2 - 64  # inputs stay below half the limit
         base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
@@ -101,6 +107,8 @@ def nd_cases(target: NDTarget, dtype: str):
             q_heads = d(st.sampled_from((1, 2, 4)))
             case = replace(case, heads=q_heads, call="qk", k_heads=d(k_heads(q_heads, False)),
                            separate=d(st.booleans()))
+        if target.call == "packed":
+            case = replace(case, call="packed", lengths=lengths)
         return case
     return draw()
 

@@ -160,7 +160,7 @@ PACKED_MEMORY = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-6
 
 
 @lru_cache(maxsize=None)
-def _packed_lengths(min_total: int) -> st.SearchStrategy[list]:
+def packed_lengths(min_total: int) -> st.SearchStrategy[list]:
     """Sequence lengths of a packed batch: one to four sequences of different lengths,
     empty ones among them."""
     length = st.one_of(st.just(0), st.integers(1, 8), st.integers(1, 24))
@@ -172,13 +172,13 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
     head_dim = draw(head_dims(rotary_dim))
     limit = min(max_position, max_position_for(head_dim))
     if positions:
-        lengths = draw(_packed_lengths(min_seq))
+        lengths = draw(packed_lengths(min_seq))
         if draw(st.booleans()):  # serving: each sequence at its own offset (its cache length)
             starts = [draw(offsets(max(limit - n, 0))) for n in lengths]
         else:  # training: every sequence from a shared offset, 0 mostly
             starts = [draw(st.sampled_from((0, 0, min(7, max(limit - max(lengths), 0)))))] * len(lengths)
     else:  # every position 0: sequences of one token (and empty ones)
-        lengths = [min(n, 1) for n in draw(_packed_lengths(1))]
+        lengths = [min(n, 1) for n in draw(packed_lengths(1))]
         lengths += [1] * max(min_seq - sum(lengths), 0)
         starts = [0] * len(lengths)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])

@@ -12,7 +12,7 @@ int64 (batch, seq), y like x. A target declares one of
   x, so the contract sees an input modified in place as it is;
 - ``packed``: ``rope(x, cu_seqlens, positions) -> y`` on x (total, heads, head_dim) (thd),
   cu_seqlens int32 (n + 1,) with empty sequences allowed, positions int64 (total,), each
-  token's absolute position. The canonical x is (1, total, heads, head_dim). A call on
+  token's absolute position ((total, n_axes) for the N-D families: each token's own). The canonical x is (1, total, heads, head_dim). A call on
   some tokens of a packed batch (a prefill, one decode token) is itself a packed batch:
   without the case's sequence lengths, a sequence ends where positions stop counting up.
 
@@ -122,11 +122,13 @@ class Form:
         batch, seq, heads, head_dim = x.shape
         if batch == 1 and sum(self.lengths) == seq:
             lengths = self.lengths
+        elif positions.dim() > 2:  # N-D positions do not count up: each row one sequence
+            lengths = (seq,) * batch
         else:
             lengths = tuple(n for row in positions.cpu().numpy() for n in segment_lengths(row))
         tokens = x.reshape(batch * seq, heads, head_dim)  # a view for batch 1
         cu = cu_seqlens(lengths).to(x.device)
-        flat = positions.reshape(batch * seq).contiguous()
+        flat = positions.reshape(batch * seq, *positions.shape[2:]).contiguous()
         out = fn(tokens, cu, flat)
         if not isinstance(out, torch.Tensor):
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor "

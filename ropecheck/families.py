@@ -39,7 +39,7 @@ BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv"
 FAMILIES = ROTATION_FAMILIES + tuple(BUILDER_FAMILIES) + ("xpos",)
 ND_DEFAULT_DTYPES = ("float32", "bfloat16")
 # the call forms each family's targets may take (--call)
-CALLS = {"xpos": ("qk",), **{f: ("x", "qk") for f in ROTATION_FAMILIES}}
+CALLS = {"xpos": ("qk",), **{f: ("x", "qk", "packed") for f in ROTATION_FAMILIES}}
 
 
 class FamilyError(ValueError):
@@ -96,7 +96,7 @@ class FamilySpec:
     max_position: Optional[int] = None  # the declared position range (--max-position)
     in_process: bool = False  # call the target here, not in a worker process
     backward: bool = True  # False: --no-backward (the target has no autograd)
-    call: Optional[str] = None  # --call: x or qk for the rotation families
+    call: Optional[str] = None  # --call: x, qk or packed for the rotation families, qk for xPos
 
     def __post_init__(self):
         for key, value in ND_ADAPTERS.get(self.target, {}).items():  # an adapter's declaration

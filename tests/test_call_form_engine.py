@@ -143,8 +143,8 @@ def test_large_inputs_get_a_longer_call_time_limit():
 
 
 def test_a_call_form_a_family_does_not_have_is_a_usage_error():
-    result = check("rotate-half", "--family", "nd", "--call", "packed")
-    assert result.exit_code == 2 and "--call packed is not available with --family nd" in result.output
+    result = check("rotate-half", "--family", "xpos", "--call", "packed")
+    assert result.exit_code == 2 and "--call packed is not available with --family xpos" in result.output
     result = check("rotate-half", "--family", "xpos", "--call", "x")
     assert result.exit_code == 2 and "--call x is not available with --family xpos" in result.output
 
@@ -173,3 +173,41 @@ def test_nd_family_in_the_qk_form(broken):
     assert result.status == ("failed" if broken else "passed"), result.message
     if broken:
         assert "call qk" in result.counterexample and "k's head" in result.message
+
+
+def _nd_packed(bug: str = ""):
+    """An M-RoPE kernel in the packed form, rope(x (total, heads, head_dim), cu_seqlens,
+    positions (total, 3)), from the float64 reference, sequence by sequence as a varlen
+    kernel walks cu_seqlens. Bugs: "empty-skips-next" (an empty sequence makes the loop
+    skip the one after it, left unrotated), "counting" (a 1-D habit: each token at its
+    sequence's first position + its index, not its own)."""
+    from reference.nd import mrope
+    conv = mrope([2, 1, 1], layout="half")
+
+    def rope(x, cu_seqlens, positions):
+        out = x.clone()
+        skip = False
+        for a, b in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+            if skip or a == b:
+                skip = bug == "empty-skips-next" and a == b
+                continue
+            p = positions[a:b].numpy()
+            if bug == "counting":
+                p = p[:1] + np.arange(b - a)[:, None]
+            out[a:b] = torch.from_numpy(conv.apply(x[None, a:b].double().numpy(), p[None]))[0].to(x.dtype)
+        return out
+    return conv, rope
+
+
+@pytest.mark.parametrize("bug", ["", "empty-skips-next", "counting"])
+def test_nd_family_in_the_packed_form(bug):
+    from properties.nd_checks import ND_PROPERTIES, NDTarget
+    conv, rope = _nd_packed(bug)
+    target = NDTarget("mrope-packed", rope, 3, conv, (conv.head_dim,), backward=False, call="packed")
+    if not bug:
+        for name, prop in ND_PROPERTIES.items():
+            result = run_property(prop, target, "float32", QUICK)
+            assert result.status in ("passed", "skipped"), (name, result.message)
+        return
+    result = run_property(ND_PROPERTIES["reference"], target, "float32", RunOptions(profile="ci"))
+    assert result.status == "failed" and "call packed" in result.counterexample, result
