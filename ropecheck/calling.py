@@ -205,7 +205,7 @@ class Caller:
         return self.executor.state_changes
 
     def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
-        form = self.form(args[0], case) if len(args) == 1 else None
+        form = self.form(args[0], case)
         outcome = self.executor.run(op, args, positions, grads, getattr(self.target, "inplace", False),
                                     self.timeout, form=form)
         if outcome.error is not None:

@@ -158,12 +158,13 @@ def _raised(exc: BaseException) -> tuple:
 
 
 def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
-    """(canonical outputs, what the target returned): fn called on args in its call form
-    (``ropecheck.call_forms``; several tensors go as they are)."""
-    if form is None or form.call == "x" or len(args) != 1:
-        out = fn(*args, positions)
+    """(canonical y, what the target returned): fn called on the canonical x (``args``:
+    (x,)) in its call form (``ropecheck.call_forms``)."""
+    (x,) = args
+    if form is None or form.call == "x":
+        out = fn(x, positions)
         return out, out
-    return form.invoke(fn, args[0], positions)
+    return form.invoke(fn, x, positions)
 
 
 class Execution:
@@ -176,23 +177,20 @@ class Execution:
     def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output):
         if not torch.equal(pos, positions):
             outcome.violations.append(("mutated", "the target modified its positions argument"))
-        names = ("x",) if len(originals) == 1 else ("q", "k", "v")[:len(originals)]
-        for index, (name, original, copy) in enumerate(zip(names, originals, copies)):
-            if original is None:
-                continue
-            if inplace and index == 0:
-                if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
-                    outcome.violations.append(("inplace", "declared in-place, but the input does "
-                                                          "not hold the output"))
-            elif not torch.equal(copy, original):
-                outcome.violations.append(("mutated", f"the target modified its input {name} in place "
-                                                      f"({_first_change(original, copy)})"))
+        (original,), (copy,) = originals, copies
+        if inplace:
+            if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
+                outcome.violations.append(("inplace", "declared in-place, but the input does "
+                                                      "not hold the output"))
+        elif not torch.equal(copy, original):
+            outcome.violations.append(("mutated", f"the target modified its input x in place "
+                                                  f"({_first_change(original, copy)})"))
 
     def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False,
              form: Optional[Form] = None) -> Outcome:
         """y = fn(*args, positions) on private copies, in the target's call form."""
         outcome = Outcome()
-        copies = tuple(None if a is None else strided_copy(a) for a in args)
+        copies = tuple(strided_copy(a) for a in args)
         pos = positions.clone()
         with state_guard(outcome.state_changes):
             try:
@@ -240,12 +238,10 @@ class Execution:
 
     def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False,
             form: Optional[Form] = None) -> Outcome:
-        """(y_1 .. y_n, g_1 .. g_k): y = fn(*args, positions) (one tensor: in the target's
-        call form), one output per incoming gradient (a Tensor for one, a tuple of n for
-        several), and g_j = sum_i (dy_i/dx_j)^T grads[i] through the target's autograd, for
-        each of the k args (None where no output depends on it). One tensor each: (y, g).
-        The incoming gradients are private copies laid out as the caller's (a broadcast,
-        stride-0 gradient stays one)."""
+        """(y, g): y = fn(x, positions) in the target's call form (``args``: (x,)), and
+        g = (dy/dx)^T grad through the target's autograd (None where y does not depend on
+        x; ``grads``: (grad,)). The incoming gradient is a private copy laid out as the
+        caller's (a broadcast, stride-0 gradient stays one)."""
         outcome = Outcome()
         leaves = tuple(strided_copy(x.detach()).requires_grad_(True) for x in args)
         called = tuple(leaf.clone() for leaf in leaves) if inplace else leaves
@@ -263,40 +259,27 @@ class Execution:
             grad_mode_left_off = not torch.is_grad_enabled()
             torch.set_grad_enabled(True)
             y_out, outcome.returned = _normalise(y)
-            ys = _outputs_for(y, len(grads))
-            if ys is None:
+            if not isinstance(y, torch.Tensor):
                 return outcome  # outputs None: the caller names what came back
-            for index, out in enumerate(ys):
-                if not out.requires_grad:
-                    which = "" if len(ys) == 1 else f" {index}"
-                    why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
-                           f"left it off, so its output{which} does not require grad" if grad_mode_left_off
-                           else f"the output{which} does not require grad: autograd does not flow "
-                                "through the target (declare --no-backward)")
-                    outcome.error = ("backward", why)
-                    return outcome
+            ys = (y,)
+            if not y.requires_grad:
+                why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
+                       "left it off, so its output does not require grad" if grad_mode_left_off
+                       else "the output does not require grad: autograd does not flow "
+                            "through the target (declare --no-backward)")
+                outcome.error = ("backward", why)
+                return outcome
             incoming = tuple(g.to(out.dtype) if g.dtype != out.dtype else g for g, out in zip(private, ys))
             try:
                 gs = torch.autograd.grad(ys, leaves, incoming, allow_unused=True)
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
-        for index, (mine, theirs) in enumerate(zip(private, grads)):
-            if not torch.equal(mine, theirs):
-                which = "grad_output" if len(grads) == 1 else f"grad_output {index}"
-                outcome.violations.append(("grad-output", f"backward wrote into {which} "
-                                                          f"({_first_change(theirs, mine)}): the "
-                                                          "incoming gradient belongs to the caller"))
-        outs = (y_out,) if isinstance(y_out, torch.Tensor) else y_out
-        outcome.outputs = tuple(outs) + tuple(None if g is None else g.detach() for g in gs)
+        (mine,), (theirs,) = private, grads
+        if not torch.equal(mine, theirs):
+            outcome.violations.append(("grad-output", f"backward wrote into grad_output "
+                                                      f"({_first_change(theirs, mine)}): the "
+                                                      "incoming gradient belongs to the caller"))
+        (g,) = gs
+        outcome.outputs = (y_out, None if g is None else g.detach())
         return outcome
-
-
-def _outputs_for(y, n: int) -> Optional[tuple]:
-    """The n differentiable outputs of a call: y itself for one gradient, a tuple or list of
-    n tensors for several; None for anything else."""
-    if n == 1:
-        return (y,) if isinstance(y, torch.Tensor) else None
-    if isinstance(y, (tuple, list)) and len(y) == n and all(isinstance(t, torch.Tensor) for t in y):
-        return tuple(y)
-    return None

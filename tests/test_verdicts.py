@@ -448,28 +448,6 @@ def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
     assert torch.equal(outcome.outputs[1], g)  # the gradient itself was right: a copy of g
 
 
-def test_vjp_of_several_arguments_and_outputs():
-    """Execution.vjp with args (q, k) and grads (gq, gk): outputs (q_out, k_out, dq, dk), a
-    missing dependency as None, an output that is not differentiable named by its index."""
-    import torch
-
-    from ropecheck.execution import Execution
-
-    q, k = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
-    gq, gk = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
-    positions = torch.zeros(1, 2, dtype=torch.int64)
-    outcome = Execution(lambda q, k, p: (2 * q, 3 * q + k)).vjp((q, k), positions, (gq, gk))
-    q_out, k_out, dq, dk = outcome.outputs
-    assert torch.equal(q_out, 2 * q) and torch.equal(k_out, 3 * q + k)
-    assert torch.allclose(dq, 2 * gq + 3 * gk) and torch.equal(dk, gk)
-    unused = Execution(lambda q, k, p: (2 * q, 3 * q)).vjp((q, k), positions, (gq, gk))
-    assert unused.outputs[3] is None
-    detached = Execution(lambda q, k, p: (2 * q, k.detach())).vjp((q, k), positions, (gq, gk))
-    assert detached.error[0] == "backward" and "output 1 does not require grad" in detached.error[1]
-    single = Execution(lambda q, k, p: 2 * q).vjp((q, k), positions, (gq, gk))
-    assert single.outputs is None and single.returned == "a Tensor"
-
-
 # --- say what is wrong, and how badly ------------------------------------------------------------
 
 def test_message_and_counterexample_describe_the_same_failure(tmp_path):
