@@ -12,9 +12,10 @@ int64 (batch, seq), y like x. A target declares one of
   x, so the contract sees an input modified in place as it is;
 - ``packed``: ``rope(x, cu_seqlens, positions) -> y`` on x (total, heads, head_dim) (thd),
   cu_seqlens int32 (n + 1,) with empty sequences allowed, positions int64 (total,), each
-  token's absolute position ((total, n_axes) for the N-D families: each token's own). The canonical x is (1, total, heads, head_dim). A call on
-  some tokens of a packed batch (a prefill, one decode token) is itself a packed batch:
-  without the case's sequence lengths, a sequence ends where positions stop counting up.
+  token's absolute position ((total, n_axes) for the N-D families: each token's own). The
+  canonical x is (1, total, heads, head_dim). A call on some tokens of a packed batch (a
+  prefill, one decode token) is itself a packed batch: without the case's sequence
+  lengths, a sequence ends where positions stop counting up (N-D: each row is one).
 
 A :class:`Form` travels with each call to the process that runs the target
 (``ropecheck.execution``); nothing here judges values.

@@ -242,14 +242,15 @@ class Execution:
         g = (dy/dx)^T grad through the target's autograd (None where y does not depend on
         x; ``grads``: (grad,)). The incoming gradient is a private copy laid out as the
         caller's (a broadcast, stride-0 gradient stays one)."""
+        (x,), (grad,) = args, grads
         outcome = Outcome()
-        leaves = tuple(strided_copy(x.detach()).requires_grad_(True) for x in args)
-        called = tuple(leaf.clone() for leaf in leaves) if inplace else leaves
-        private = tuple(strided_copy(g) for g in grads)
+        leaf = strided_copy(x.detach()).requires_grad_(True)
+        arg = leaf.clone() if inplace else leaf
+        private = strided_copy(grad)
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y, _ = _invoke(self.fn, called, positions.clone(), form)
+                y, _ = _invoke(self.fn, (arg,), positions.clone(), form)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -261,7 +262,6 @@ class Execution:
             y_out, outcome.returned = _normalise(y)
             if not isinstance(y, torch.Tensor):
                 return outcome  # outputs None: the caller names what came back
-            ys = (y,)
             if not y.requires_grad:
                 why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
                        "left it off, so its output does not require grad" if grad_mode_left_off
@@ -269,17 +269,15 @@ class Execution:
                             "through the target (declare --no-backward)")
                 outcome.error = ("backward", why)
                 return outcome
-            incoming = tuple(g.to(out.dtype) if g.dtype != out.dtype else g for g, out in zip(private, ys))
             try:
-                gs = torch.autograd.grad(ys, leaves, incoming, allow_unused=True)
+                (g,) = torch.autograd.grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype
+                                           else private, allow_unused=True)
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
-        (mine,), (theirs,) = private, grads
-        if not torch.equal(mine, theirs):
+        if not torch.equal(private, grad):
             outcome.violations.append(("grad-output", f"backward wrote into grad_output "
-                                                      f"({_first_change(theirs, mine)}): the "
+                                                      f"({_first_change(grad, private)}): the "
                                                       "incoming gradient belongs to the caller"))
-        (g,) = gs
         outcome.outputs = (y_out, None if g is None else g.detach())
         return outcome

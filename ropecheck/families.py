@@ -23,7 +23,7 @@ is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 from properties import builder_checks
@@ -92,7 +92,6 @@ class FamilySpec:
     scale_base: Optional[float] = None
     gamma: Optional[float] = None
     interleaved: Optional[bool] = None  # mrope sections interleaved over the pairs (Qwen3-VL)
-    extra: dict = field(default_factory=dict)
     max_position: Optional[int] = None  # the declared position range (--max-position)
     in_process: bool = False  # call the target here, not in a worker process
     backward: bool = True  # False: --no-backward (the target has no autograd)

@@ -125,7 +125,7 @@ def warm_up(target, requested=(), timeout: Optional[float] = None,
     A hang costs a whole time limit, so after one the other unrequested dtypes are not
     tried, and after a hang in a requested dtype nothing more is. A target that takes no
     tensors (a position builder, dtype "-") has nothing to warm up."""
-    others = [d for d in WARM_UP_ORDER if d in getattr(target, "dtypes", ()) and d not in requested]
+    others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
     problems: dict = {}
     for group in (others, [d for d in WARM_UP_ORDER if d in requested]):
         for position, dtype in enumerate(group):
