@@ -10,8 +10,8 @@ critical inputs included) and examples/s from the mean round time.
 
 from __future__ import annotations
 
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions, run_property
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.builtins import builtin
 
 TARGET = "rotate-half"

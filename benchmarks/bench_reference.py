@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference import LAYOUTS, apply_rope
+from ropecheck.reference import LAYOUTS, apply_rope
 
 SHAPE = (4, 512, 8, 128)  # (batch, seq, heads, head_dim)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import reference
+from ropecheck import reference
 
 FLUSH_BYTES = 256 * 2**20
 ERROR_POSITIONS = (10**3, 10**5, 10**6)

@@ -30,8 +30,8 @@ step() {  # step DESCRIPTION COMMAND...: run COMMAND with its output in the log
 pip=(.venv/bin/pip install --disable-pip-version-check)
 step "virtual environment .venv" python3 -m venv .venv
 step "pip" "${pip[@]}" --upgrade pip
-step "ropecheck, torch 2.13.0 (CPU), triton and the RoPE libraries" \
-    "${pip[@]}" torch==2.13.0 -e '.[libraries]'
+step "ropecheck, torch 2.13.0 (CPU), triton, the RoPE libraries and pytest-xdist" \
+    "${pip[@]}" torch==2.13.0 -e '.[libraries,test]'
 # timm: `import timm` needs a torchvision that matches torch; its sincos module loads alone
 step "timm (its RoPE modules only)" "${pip[@]}" --no-deps timm==1.0.31
 # flash-attn: only its Triton rotary file is used; skip building the CUDA extension

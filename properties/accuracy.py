@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import reference
-from properties.cases import Case, as_float64
-from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
+from ropecheck import reference
+from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
 from ropecheck.calling import CallError
 
 SWEEP_HEADS = 4

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import CheckFailure
-from properties.property import Family, FamilyContext, Property, family_registry
-from reference import multimodal as mm
+from ropecheck.properties.assertions import CheckFailure
+from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.reference import multimodal as mm
 from ropecheck.calling import CallError, PlainCaller, executor_of
 
 

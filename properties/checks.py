@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
-from properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
+from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
+from ropecheck.properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
                                    example_grad_layout, grad_layouts, in_form, large_cases, max_position_for,
                                    position_grids, scales, within)
 from ropecheck.calling import CallError

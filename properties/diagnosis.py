@@ -57,9 +57,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from properties.cases import as_float64
-from reference import pair_indices
-from reference.scaling import Linear, Scaling
+from ropecheck.properties.cases import as_float64
+from ropecheck.reference import pair_indices
+from ropecheck.reference.scaling import Linear, Scaling
 from ropecheck.calling import CallError
 from ropecheck.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
 

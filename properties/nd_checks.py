@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import AXES_3D, assert_close, assert_distinct
-from properties.cases import Case, as_float64, nested
-from properties.property import Family, FamilyContext, Property, family_registry
-from properties.strategies import example_grad_layout, grad_layouts, k_heads, packed_lengths, prime_step
-from reference.nd import PairRotation
+from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
+from ropecheck.properties.cases import Case, as_float64, nested
+from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.properties.strategies import example_grad_layout, grad_layouts, k_heads, packed_lengths, prime_step
+from ropecheck.reference.nd import PairRotation
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from hypothesis import strategies as st
 
-from properties.registry import property_registry
+from ropecheck.properties.registry import property_registry
 from ropecheck.call_forms import CALL_FORMS
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.tolerance import ErrorModel

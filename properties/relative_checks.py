@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference.relatives import FAMILIES
+from ropecheck.reference.relatives import FAMILIES
 
 RTOL = 1e-9
 SHIFTS = (1, 7, 1000)

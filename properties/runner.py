@@ -15,12 +15,12 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 from hypothesis import strategies as st
 
-from properties.accuracy import accuracy_sweep
-from properties.assertions import CheckFailure
-from properties.checks import PROPERTIES, Context
-from properties.property import Property
-from properties.diagnosis import likely_cause
-from properties.strategies import FREE_HEAD_DIMS
+from ropecheck.properties.accuracy import accuracy_sweep
+from ropecheck.properties.assertions import CheckFailure
+from ropecheck.properties.checks import PROPERTIES, Context
+from ropecheck.properties.property import Property
+from ropecheck.properties.diagnosis import likely_cause
+from ropecheck.properties.strategies import FREE_HEAD_DIMS
 from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {

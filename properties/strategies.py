@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import strategies as st
 
-from properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
+from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
 from ropecheck.call_forms import segment_lengths
 
 MAX_POSITION = 2**24

@@ -1,9 +1,9 @@
-"""The property checks as pytest tests: ``pytest --pyargs properties --rope-target T``."""
+"""The property checks as pytest tests: ``pytest --pyargs ropecheck.properties --rope-target T``."""
 
 import pytest
 
-from properties.checks import PROPERTIES
-from properties.runner import replay_pytest_command, run_property
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import replay_pytest_command, run_property
 from ropecheck.calling import TargetHung
 
 _hung = []

@@ -103,12 +103,12 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties.assertions import assert_close, assert_distinct
-from properties.cases import Case, as_float64, nested
-from properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
-from reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
-from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
+from ropecheck.properties.assertions import assert_close, assert_distinct
+from ropecheck.properties.cases import Case, as_float64, nested
+from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
+from ropecheck.properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
+from ropecheck.reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
+from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import U32
 

@@ -7,7 +7,7 @@
 - ``reference.symbolic``: sympy proofs of relativity and R_m = exp(m B) (import it directly)
 """
 
-from reference.forms import (
+from ropecheck.reference.forms import (
     generator,
     rope_complex_form,
     rope_elementwise_form,
@@ -16,8 +16,8 @@ from reference.forms import (
     rotation_matrix,
     rotation_matrix_expm,
 )
-from reference.highprec import apply_rope_mpmath
-from reference.rope import (
+from ropecheck.reference.highprec import apply_rope_mpmath
+from ropecheck.reference.rope import (
     DEFAULT_BASE,
     LAYOUTS,
     angles,
@@ -28,7 +28,7 @@ from reference.rope import (
     pair_indices,
     pair_norms,
 )
-from reference.sinusoidal import apply_sinusoidal, sinusoidal_encoding
+from ropecheck.reference.sinusoidal import apply_sinusoidal, sinusoidal_encoding
 
 __all__ = [
     "DEFAULT_BASE",

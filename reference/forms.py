@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.rope import DEFAULT_BASE, angles, check_layout, check_rotary_dim, inv_freq, pair_indices
+from ropecheck.reference.rope import DEFAULT_BASE, angles, check_layout, check_rotary_dim, inv_freq, pair_indices
 
 
 def _rotary_dim(head_dim: int, rotary_dim: int | None) -> int:

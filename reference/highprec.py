@@ -10,7 +10,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from reference.rope import DEFAULT_BASE, check_layout, check_rotary_dim, pair_indices
+from ropecheck.reference.rope import DEFAULT_BASE, check_layout, check_rotary_dim, pair_indices
 
 
 def apply_rope_mpmath(

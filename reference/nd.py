@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 import scipy.linalg
 
-from reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
+from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 
 
 class GeneratorError(ValueError):
@@ -214,5 +214,5 @@ def rotation_expm(position, generators, *, validate: bool = True) -> np.ndarray:
 
 def apply_sum_rotation(x, positions, *, layout: str = "interleaved", base: float = DEFAULT_BASE) -> np.ndarray:
     """The seed's eq. 14: every pair of a 1-D RoPE turned by (x_1 + .. + x_n) theta_i."""
-    from reference.rope import apply_rope
+    from ropecheck.reference.rope import apply_rope
     return apply_rope(x, np.asarray(positions).sum(-1), layout=layout, base=base)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.rope import DEFAULT_BASE, apply_rope, inv_freq, pair_indices
-from reference.sinusoidal import sinusoidal_encoding
+from ropecheck.reference.rope import DEFAULT_BASE, apply_rope, inv_freq, pair_indices
+from ropecheck.reference.sinusoidal import sinusoidal_encoding
 
 XPOS_GAMMA = 0.4
 XPOS_SCALE_BASE = 512.0

@@ -47,7 +47,7 @@ from typing import Optional
 
 import numpy as np
 
-from reference.rope import inv_freq as _geometric
+from ropecheck.reference.rope import inv_freq as _geometric
 
 
 @dataclass(frozen=True)

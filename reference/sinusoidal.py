@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.rope import DEFAULT_BASE, angles, inv_freq
+from ropecheck.reference.rope import DEFAULT_BASE, angles, inv_freq
 
 
 def sinusoidal_encoding(positions, d: int, base: float = DEFAULT_BASE) -> np.ndarray:

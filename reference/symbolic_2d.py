@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from reference.symbolic import rotation_block, simplify_trig
+from ropecheck.reference.symbolic import rotation_block, simplify_trig
 
 a, b, c, d, e, f = sp.symbols("a b c d e f", real=True)
 x1, y1, x2, y2 = sp.symbols("x1 y1 x2 y2", real=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-import reference
-from reference.scaling import Scaling
+from ropecheck import reference
+from ropecheck.reference.scaling import Scaling
 from ropecheck.kernels import target as triton_target
 from ropecheck.target import Convention, Target
 

@@ -16,15 +16,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
-from reference import LAYOUTS
+from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
+from ropecheck.reference import LAYOUTS
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
 from ropecheck.families import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilyError, FamilySpec
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
                               write_json, write_junit, write_unusable)
-from ropecheck.session import Session, TargetSpec, UnusableTarget, callable_in, default_seed, resolve_dtypes, warm_up
+from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, prepare, resolve_dtypes
 from ropecheck.call_forms import CALL_FORMS
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -235,6 +235,7 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
     records = Records(json_path, junit_path, target or DEFAULT_TARGET)
+    on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
                          strict_layouts=strict_layouts)
     defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
@@ -249,48 +250,25 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
                               scaling=scaling, max_position=max_position, in_process=in_process, call=call)
         properties = spec.properties(property_names)
         known = known_failures.load([*defaults, *known_paths])
-        if dtypes:
-            resolve_dtypes(dtypes, None)  # a bad dtype is a usage error before the target loads
-        built = spec.build()
-        dtype_list, explicit = resolve_dtypes(dtypes, built)
+        prepared = prepare(spec, dtypes, timeout, console.print)
     except UnusableTarget as exc:
-        _fail(console, f"cannot load target {spec.name!r}: {exc}", records=records)
+        _fail(console, str(exc), records=records)
     except FamilyError as exc:
         _fail(console, str(exc), records=records)
     except ValueError as exc:
         records.unusable(f"usage error: {exc}")
         raise click.UsageError(str(exc))
-    on_abort(records.unusable)  # the in-process watchdog's last act
-
-    console.print(spec.header(built))
-
-    usable, unsupported = [], {}
-    crashes: dict = {}
-    try:
-        problems = warm_up(built, dtype_list, timeout, crashes, spec.family_record)
     except KeyboardInterrupt:
         _fail(console, "interrupted", EXIT_FAILED, records)
-    for dtype in dtype_list:
-        problem = problems.get(dtype)
-        if problem is None:
-            usable.append(dtype)
-        elif explicit:
-            _fail(console, f"target {spec.name!r} cannot be called: {problem}", records=records)
-        else:
-            unsupported[dtype] = problem
-            console.print(f"[yellow]skipping {dtype}: {escape(problem)}[/]")
-    if not usable:
-        _fail(console, f"target {spec.name!r} cannot be called in any dtype"
-              + (f": {next(iter(unsupported.values()))}" if unsupported else ""), records=records)
-    built = callable_in(built, problems)
+    built, usable = prepared.target, prepared.dtypes
 
     seed = seed if seed is not None or profile == "ci" else default_seed()
     options.seed = seed
     extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
         ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \
         (["--strict-layouts"] if strict_layouts else [])
-    session = Session(built, usable, properties, options, known=known, crashes=crashes,
-                      unsupported=unsupported, range_probe=spec.range_probe(property_names),
+    session = Session(built, usable, properties, options, known=known, crashes=prepared.crashes,
+                      unsupported=prepared.unsupported, range_probe=spec.range_probe(property_names),
                       reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
                   + ("" if built.max_position is None else f", positions 0 .. {built.max_position}"))
@@ -417,7 +395,7 @@ def identify(target, timeout, max_position, in_process, json_path, debug):
     """Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by
     probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, identified;
     1: not a rotary embedding (the reasons are printed); 2: the target is unusable."""
-    from ropecheck.identify import UnusableTarget as Unusable, identify_spec
+    from ropecheck.identification import UnusableTarget as Unusable, identify_spec
     from ropecheck.identify_output import print_identification, write_json as write_identification
 
     console = Console(highlight=False)

@@ -26,13 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
-from properties import builder_checks
-from properties.property import Family
-from properties.nd_checks import ND_PROPERTIES, NDTarget
-from properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
-from reference import nd as ndref
+from ropecheck.properties import builder_checks
+from ropecheck.properties.property import Family
+from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
+from ropecheck.reference import nd as ndref
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
-from ropecheck.loading import TargetLoadError, load_callable, load_callable_isolated
+from ropecheck.loading import TargetLoadError, is_named, load_callable, load_callable_isolated, target_name
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 BUILDER_FAMILIES = {"rope-tie-builder": "rope-tie", "rope-tv-builder": "rope-tv", "mrope-builder": "mrope"}
@@ -82,7 +82,7 @@ def parse_bases(text) -> object:
 
 @dataclass
 class FamilySpec:
-    target: str
+    target: object  # a spec string (file.py:func, module:attr, a name), or the Python object
     family: str
     axes: Optional[int] = None
     sections: Optional[str] = None
@@ -98,7 +98,7 @@ class FamilySpec:
     call: Optional[str] = None  # --call: x, qk or packed for the rotation families, qk for xPos
 
     def __post_init__(self):
-        for key, value in ND_ADAPTERS.get(self.target, {}).items():  # an adapter's declaration
+        for key, value in (ND_ADAPTERS.get(self.target, {}) if is_named(self.target) else {}).items():  # an adapter's declaration
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.family not in FAMILIES:
@@ -110,7 +110,7 @@ class FamilySpec:
 
     @property
     def name(self) -> str:
-        return self.target
+        return target_name(self.target)
 
     @property
     def registry(self) -> dict:
@@ -149,14 +149,14 @@ class FamilySpec:
             except ValueError as exc:
                 raise FamilyError(str(exc)) from None
             loaded = self.load(rope_signature=False)
-            return builder_checks.BuilderTarget(self.target, loaded.fn, fam, executor=loaded.executor)
+            return builder_checks.BuilderTarget(self.name, loaded.fn, fam, executor=loaded.executor)
         if self.family == "xpos":
             return self.xpos_target()
         n_axes, conv, head_dims = self.convention()
         loaded = self.load(rope_signature=True)
         convs = dict(zip(head_dims, conv)) if isinstance(conv, list) else conv
         try:
-            return NDTarget(self.target, loaded.fn, n_axes, convs, head_dims, ND_DEFAULT_DTYPES,
+            return NDTarget(self.name, loaded.fn, n_axes, convs, head_dims, ND_DEFAULT_DTYPES,
                             max_position=loaded.max_position, executor=loaded.executor, backward=loaded.backward,
                             call=loaded.call)
         except ValueError as exc:
@@ -206,7 +206,7 @@ class FamilySpec:
         except ValueError as exc:
             raise FamilyError(str(exc)) from None
         loaded = self.load(rope_signature=False)
-        return XposTarget(self.target, loaded.fn, conv,
+        return XposTarget(self.name, loaded.fn, conv,
                           max_position=min(loaded.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
                           executor=loaded.executor, backward=loaded.backward,
                           dtypes=ND_DEFAULT_DTYPES)

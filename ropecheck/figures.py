@@ -19,8 +19,8 @@ def main(outdir: str = "docs/figures") -> None:
     matplotlib.rcParams["svg.hashsalt"] = "ropecheck"
     import matplotlib.pyplot as plt
 
-    from reference import multimodal as mm
-    from reference.relatives import decay_bound
+    from ropecheck.reference import multimodal as mm
+    from ropecheck.reference.relatives import decay_bound
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ the geometric parts of the spectrum, each published family's parameters fitted t
 and every candidate verified against the measurements before it is suggested.
 
 Input: the measured frequencies theta_k, k = 0 .. n-1 (highest first, r = 2n), with bounds
-e_k on |theta_k - theta_exact,k| (``ropecheck.identify``'s module docstring: the read error
+e_k on |theta_k - theta_exact,k| (``ropecheck.identification``'s module docstring: the read error
 sqrt(2) e / a over the position m_k the pair was unwrapped at, plus the float32 angle
 allowance), and the amplitude A with its bound. A scaling that spends ``theta_ops`` more
 float32 operations on theta (``reference.scaling``) moves theta by U32 theta_ops theta more:
@@ -63,7 +63,7 @@ from typing import Optional
 
 import numpy as np
 
-from reference.scaling import Llama3, Scaling, YaRN, parse, yarn_mscale
+from ropecheck.reference.scaling import Llama3, Scaling, YaRN, parse, yarn_mscale
 from ropecheck.tolerance import ErrorModel, U32
 
 FAMILY_OPS = max(Llama3.theta_ops, YaRN.theta_ops)

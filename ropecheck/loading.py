@@ -1,4 +1,5 @@
-"""Resolve a target spec: ``path/to/file.py:func``, ``package.module:attr`` or a built-in name.
+"""Resolve a target spec: ``path/to/file.py:func``, ``package.module:attr``, a built-in name,
+or (from the Python API) the Python object itself: a function, a callable, a ``Target``.
 
 A file or module is imported with the current directory on ``sys.path`` (as
 ``python -m`` would), so a target file in a project can import that project's own
@@ -93,8 +94,30 @@ def _build_adapter(adapter) -> Target:
         raise TargetLoadError(f"building target {adapter.name!r} failed: {_describe(exc)}") from exc
 
 
-def resolve(spec: str):
-    """The object ``path/to/file.py:attr`` or ``package.module:attr`` names."""
+def target_name(spec) -> str:
+    """How a target is named in tables and records: its spec string, or for a Python object
+    its ``module:qualified.name`` (a Target: its own name)."""
+    if spec is None or isinstance(spec, str):
+        return spec
+    if isinstance(spec, Target):
+        return spec.name
+    fn = getattr(spec, "fn", spec)
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    return f"{module}:{qualname}" if module and module != "__main__" else qualname
+
+
+def is_named(spec) -> bool:
+    """Whether ``spec`` is a name (built-in, adapter, file or module path): a worker
+    process can load it; a Python object is called where it lives."""
+    return isinstance(spec, str)
+
+
+def resolve(spec):
+    """The object ``path/to/file.py:attr`` or ``package.module:attr`` names (a Python
+    object: itself)."""
+    if not is_named(spec):
+        return spec
     if ":" not in spec:
         raise TargetLoadError(
             f"cannot resolve target {spec!r}: use path/to/file.py:func, package.module:attr "
@@ -124,12 +147,12 @@ def load(spec: str, call=None, **builtin_options) -> Target:
             check_call(call)
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
-    if spec in BUILTINS:
+    if is_named(spec) and spec in BUILTINS:
         try:
             target = builtin(spec, **builtin_options)
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
-    elif spec in ADAPTERS:
+    elif is_named(spec) and spec in ADAPTERS:
         target = _build_adapter(ADAPTERS[spec])
     else:
         obj = resolve(spec)
@@ -137,7 +160,7 @@ def load(spec: str, call=None, **builtin_options) -> Target:
             target = obj
         else:
             check_signature(obj, call or "x")
-            return Target(name=spec, fn=obj, call=call or "x")
+            return Target(name=target_name(spec), fn=obj, call=call or "x")
     if call is not None and call != target.call:
         check_signature(target.fn, call)
         target = target.with_(call=call)
@@ -157,7 +180,7 @@ def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
     adapter's or a built-in's function (a 1-D built-in is the N-D case with one axis), or a
     file's / module's attribute, which may be an object with ``fn``, ``max_position`` and
     ``backward`` (a Target)."""
-    if spec in ADAPTERS or spec in BUILTINS:
+    if is_named(spec) and (spec in ADAPTERS or spec in BUILTINS):
         target = load(spec, call)
         return target.fn, Declared(target.max_position, target.backward, target.call)
     obj = resolve(spec)
@@ -165,7 +188,7 @@ def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
                         call or getattr(obj, "call", "x"))
     obj = getattr(obj, "fn", obj)
     if not callable(obj):
-        raise TargetLoadError(f"{spec} is not callable")
+        raise TargetLoadError(f"{target_name(spec)} is not callable")
     if rope_signature:
         check_signature(obj, declared.call)
     return obj, declared

@@ -199,14 +199,18 @@ def _write_tree(suite: ET.Element, path: str) -> None:
     tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
+def unusable_dict(target: str, reason: str, exit_status: int = 2) -> dict:
+    """The JSON record of a run that ended before any verdict: the reason in place of results."""
+    return {"schema_version": SCHEMA_VERSION, "target": target, "verdict": "unusable",
+            "exit_status": exit_status, "reason": reason, "results": [], "environment": environment()}
+
+
 def write_unusable(json_path, junit_path, target: str, reason: str, exit_status: int = 2) -> None:
     """The record of a run that ended before any verdict (exit 2): the reason in place of
     results. Never raises (it runs on the way out)."""
     try:
         if json_path:
-            record = {"schema_version": SCHEMA_VERSION, "target": target, "verdict": "unusable",
-                      "exit_status": exit_status, "reason": reason, "results": [],
-                      "environment": environment()}
+            record = unusable_dict(target, reason, exit_status)
             Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
         if junit_path:
             suite = ET.Element("testsuite", name=f"ropecheck.{target}", tests="1", failures="0",

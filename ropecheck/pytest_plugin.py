@@ -1,4 +1,4 @@
-"""pytest front door: ``pytest --pyargs properties --rope-target TARGET ...``.
+"""pytest front door: ``pytest --pyargs ropecheck.properties --rope-target TARGET ...``.
 
 The same engine as ``ropecheck check``; pytest supplies JUnit (--junitxml), -k, -x and
 xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
@@ -6,41 +6,117 @@ xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from typing import NamedTuple
+
 import pytest
 
-from properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
+from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
                                probe_position_range, resolve_dtypes, warm_up)
 from ropecheck.call_forms import CALL_FORMS
 
+ENGINE_PACKAGES = ("properties", "reference")  # installed as ropecheck.properties, ropecheck.reference
+
+
+class RopeOption(NamedTuple):
+    """One plugin option: the flag ``--rope-NAME`` and the ini option ``rope_NAME``
+    (``[tool.pytest.ini_options]`` or pytest.ini), the flag overriding the ini value."""
+
+    name: str  # the ini name; the flag is --rope-... with dashes
+    help: str
+    kind: type = str  # str, int, float, bool (a switch) or list (repeatable, comma-separated)
+    choices: tuple = ()
+    default: object = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def convert(self, text: str):
+        """An ini value as the flag's type; a pytest.UsageError if it is not one."""
+        if self.kind is list:
+            return [word for word in text.replace(",", " ").split() if word]
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise pytest.UsageError(f"ropecheck: ini option {self.name} must be {self.kind.__name__}, "
+                                    f"got {text!r}") from None
+        if self.choices and value not in self.choices:
+            raise pytest.UsageError(f"ropecheck: ini option {self.name} must be one of "
+                                    f"{', '.join(self.choices)}, got {text!r}")
+        return value
+
+
+OPTIONS = (
+    RopeOption("rope_target", "target: path/to/file.py:func, package.module:attr or a built-in name; "
+               "set in the ini file, it adds the property suite to a plain `pytest` run"),
+    RopeOption("rope_layout", "pairing layout", choices=("interleaved", "half")),
+    RopeOption("rope_base", "frequency base (default 10000)", float),
+    RopeOption("rope_rotary_dim", "rotated features (default: all of head_dim)", int),
+    RopeOption("rope_scaling", "position scaling, as ropecheck check --scaling"),
+    RopeOption("rope_dtype", "dtype to check; repeat or comma-separate (default: all)", list, default=[]),
+    RopeOption("rope_no_backward", "the target has no backward: skip gradient checks", bool),
+    RopeOption("rope_inplace", "the target writes its output into x and returns it", bool),
+    RopeOption("rope_profile", f"example budget (default {DEFAULT_PROFILE})", choices=tuple(PROFILES),
+               default=DEFAULT_PROFILE),
+    RopeOption("rope_seed", "hypothesis seed (default: random, shown in the header)", int),
+    RopeOption("rope_max_examples", "override the profile's examples per check", int),
+    RopeOption("rope_timeout", f"seconds one call of the target may take (default {DEFAULT_TIMEOUT:g})", float,
+               default=DEFAULT_TIMEOUT),
+    RopeOption("rope_max_position", "declared position range 0 .. N (default 2^24), as ropecheck check "
+               "--max-position", int),
+    RopeOption("rope_strict_layouts", "a refusal of an exotic memory layout fails instead of being a note", bool),
+    RopeOption("rope_in_process", "call the target in pytest's process, not in a worker process", bool),
+    RopeOption("rope_call", "the target's call form, as ropecheck check --call (default: what the target "
+               "declares, else x)", choices=tuple(CALL_FORMS)),
+)
+
 
 def pytest_addoption(parser):
-    group = parser.getgroup("ropecheck", "RoPE property checks (ropecheck)")
-    group.addoption("--rope-target", default=None,
-                    help="target: path/to/file.py:func, package.module:attr or a built-in name")
-    group.addoption("--rope-layout", choices=("interleaved", "half"), default=None)
-    group.addoption("--rope-base", type=float, default=None)
-    group.addoption("--rope-rotary-dim", type=int, default=None)
-    group.addoption("--rope-scaling", default=None,
-                    help="position scaling, as ropecheck check --scaling")
-    group.addoption("--rope-dtype", action="append", default=[],
-                    help="dtype to check; repeat or comma-separate (default: all)")
-    group.addoption("--rope-no-backward", action="store_true")
-    group.addoption("--rope-inplace", action="store_true")
-    group.addoption("--rope-profile", choices=tuple(PROFILES), default=DEFAULT_PROFILE)
-    group.addoption("--rope-seed", type=int, default=None)
-    group.addoption("--rope-max-examples", type=int, default=None)
-    group.addoption("--rope-timeout", type=float, default=DEFAULT_TIMEOUT)
-    group.addoption("--rope-max-position", type=int, default=None,
-                    help="declared position range 0 .. N (default 2^24), as ropecheck check --max-position")
-    group.addoption("--rope-strict-layouts", action="store_true",
-                    help="a refusal of an exotic memory layout fails instead of being a note")
-    group.addoption("--rope-in-process", action="store_true",
-                    help="call the target in pytest's process, not in a worker process")
-    group.addoption("--rope-call", choices=tuple(CALL_FORMS), default=None,
-                    help="the target's call form, as ropecheck check --call (default: what the "
-                         "target declares, else x)")
+    group = parser.getgroup("ropecheck", "RoPE property checks (ropecheck); each flag is also an ini "
+                            "option (rope_target = ...), the flag overriding it")
+    for option in OPTIONS:
+        if option.kind is bool:
+            group.addoption(option.flag, action="store_true", default=None, help=option.help)
+        elif option.kind is list:
+            group.addoption(option.flag, action="append", default=None, help=option.help)
+        else:
+            group.addoption(option.flag, type=option.kind, default=None, help=option.help,
+                            **({"choices": option.choices} if option.choices else {}))
+        parser.addini(option.name, option.help, type="bool" if option.kind is bool else "string",
+                      default=False if option.kind is bool else "")
+
+
+def _settle_options(config) -> None:
+    """Each option's value: the flag's, else the ini file's, else the default (on
+    ``config.option``, where the rest of the plugin reads it)."""
+    for option in OPTIONS:
+        if getattr(config.option, option.name) is not None:
+            continue
+        raw = config.getini(option.name)
+        if option.kind is bool:
+            value = bool(raw)
+        elif raw not in ("", None):
+            value = option.convert(str(raw))
+            if option.name == "rope_target":
+                value = _relative_to_ini(config, value)
+        else:
+            value = option.default
+        setattr(config.option, option.name, value)
+
+
+def _relative_to_ini(config, spec: str) -> str:
+    """A file target in the ini file is relative to the ini file's folder (where pytest
+    runs from need not be)."""
+    where, colon, attr = spec.rpartition(":")
+    if colon and config.inipath is not None and where.endswith(".py"):
+        path = Path(where)
+        if not path.is_absolute():
+            return f"{config.inipath.parent / path}:{attr}"
+    return spec
 
 
 def _spec(config) -> TargetSpec:
@@ -70,22 +146,82 @@ def pytest_generate_tests(metafunc):
         dtypes, _ = resolve_dtypes(config.getoption("--rope-dtype"), target)
     except (UnusableTarget, ValueError) as exc:
         pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    metafunc.parametrize("rope_dtype", dtypes)
+    # the target's name in every test's name, so JUnit records and -k can tell targets apart
+    name = short_name(_spec(config).name)
+    metafunc.parametrize("rope_dtype", dtypes, ids=[f"{name}-{dtype}" for dtype in dtypes])
+
+
+def short_name(name: str) -> str:
+    """A target's name for test ids: a file target without its folders (rope.py:rope)."""
+    where, colon, attr = name.rpartition(":")
+    return f"{Path(where).name}:{attr}" if colon and where.endswith(".py") else name
+
+
+def _old_spelling(config) -> str | None:
+    """The suite's old top-level name, if the command line asks for it: ``--pyargs
+    properties`` (or ``reference``) that finds nothing, or finds ropecheck's own folder."""
+    if not config.option.pyargs:
+        return None
+    for arg in config.args:
+        name = str(arg).split("::")[0]
+        top = name.split(".")[0]
+        if top not in ENGINE_PACKAGES:
+            continue
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+        ours = importlib.util.find_spec(f"ropecheck.{top}")
+        if found is None or (ours is not None and found.origin == ours.origin):
+            return name
+    return None
+
+
+def suite_path() -> str:
+    """The property suite's test module, wherever ropecheck is installed."""
+    from ropecheck import properties
+
+    return str(Path(properties.__file__).with_name("test_properties.py"))
+
+
+def _add_suite(config) -> None:
+    """A run with a target and no paths on its command line (plain ``pytest`` in a project
+    whose ini file sets rope_target) collects the property suite besides its own tests."""
+    if config.option.rope_target and config.args_source != pytest.Config.ArgsSource.ARGS:
+        if suite_path() not in config.args:
+            config.args.append(suite_path())
 
 
 def pytest_configure(config):
-    """Fail fast, as a usage error, on a target that cannot be loaded; and pick a random
-    seed unless one is given (ci is derandomized), so every run can be replayed."""
+    """Settle the options (flag, else ini, else default); fail fast, as a usage error, on a
+    target given on the command line that cannot be loaded; pick a random seed unless one
+    is given (ci is derandomized), so every run can be replayed (xdist's workers get the
+    controller's options, its seed included)."""
+    old = _old_spelling(config)
+    if old is not None:
+        raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': "
+                                f"pytest --pyargs ropecheck.{old} ...")
+    from_command_line = config.option.rope_target is not None
+    if config.option.rope_seed is None and "rope_seed" in getattr(config, "workerinput", {}):
+        config.option.rope_seed = config.workerinput["rope_seed"]  # an xdist worker: the controller's
+    _settle_options(config)
     position_range = config.getoption("--rope-max-position")
     if position_range is not None and not 255 <= position_range <= 2**24:
         raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
-    if config.getoption("--rope-target"):
+    if from_command_line and not hasattr(config, "workerinput"):
         try:
             _target(config)
         except UnusableTarget as exc:
             raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
     if config.getoption("--rope-seed") is None and config.getoption("--rope-profile") != "ci":
         config.option.rope_seed = default_seed()
+    _add_suite(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: every worker draws with the controller's seed."""
+    node.workerinput["rope_seed"] = node.config.option.rope_seed
 
 
 def pytest_report_header(config):

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from properties.runner import RunOptions, json_number, selected_properties
+from ropecheck.properties.runner import RunOptions, json_number, selected_properties
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.catalog import Entry, library_version

@@ -7,23 +7,24 @@ its family's properties."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
+from rich.markup import escape
 
-from properties import position_range
-from properties.checks import ONE_D
-from properties.property import Property, smoke_call as family_smoke_call
-from properties.runner import Result, RunOptions, run_property, selected_properties, wants_range_probe
-from properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
+from ropecheck.properties import position_range
+from ropecheck.properties.checks import ONE_D
+from ropecheck.properties.property import Property, smoke_call as family_smoke_call
+from ropecheck.properties.runner import Result, RunOptions, run_property, selected_properties, wants_range_probe
+from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
-from ropecheck.loading import TargetLoadError, load, load_isolated
-from reference.scaling import Scaling
-from reference.scaling import parse as parse_scaling
+from ropecheck.loading import TargetLoadError, load, load_isolated, target_name
+from ropecheck.reference.scaling import Scaling
+from ropecheck.reference.scaling import parse as parse_scaling
 from ropecheck.target import Convention, Target
 
 
@@ -33,7 +34,7 @@ class UnusableTarget(Exception):
 
 @dataclass
 class TargetSpec:
-    spec: Optional[str] = None
+    spec: object = None  # a spec string (file.py:func, module:attr, a name), or the Python object
     layout: Optional[str] = None
     base: Optional[float] = None
     rotary_dim: Optional[int] = None
@@ -46,7 +47,7 @@ class TargetSpec:
 
     @property
     def name(self) -> str:
-        return self.spec or DEFAULT_TARGET
+        return target_name(self.spec) or DEFAULT_TARGET
 
     family_record = ONE_D
 
@@ -84,7 +85,7 @@ class TargetSpec:
                                          ("layout", self.layout), ("scaling", scaling))
                        if v is not None}
             loader = load if self.in_process else load_isolated
-            target = loader(self.name, self.call, **(options if self.name in BUILTINS else {}))
+            target = loader(self.spec or DEFAULT_TARGET, self.call, **(options if self.name in BUILTINS else {}))
             convention = target.convention
             if self.layout is not None:
                 convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim,
@@ -142,6 +143,60 @@ def warm_up(target, requested=(), timeout: Optional[float] = None,
     return problems
 
 
+class Prepared(NamedTuple):
+    """A target built and warmed up: what a Session needs besides its properties."""
+
+    target: object  # restricted to the dtypes it can be called in (callable_in)
+    dtypes: list  # the dtypes to check
+    unsupported: dict  # dtype -> why the target cannot be called in it (not requested by name)
+    crashes: dict  # dtype -> the crash of its smallest call
+
+
+def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[str], None] = lambda line: None) -> Prepared:
+    """Build ``spec``'s target (a TargetSpec or a FamilySpec) and warm it up in the requested
+    dtypes (default: the target's). ``notify`` gets the header line and each dtype skipped.
+    Raises ValueError for a bad dtype name (before anything loads), UnusableTarget (exit 2)
+    when the target cannot be loaded, cannot be called in a dtype asked for by name, or in
+    any dtype; the target's worker is closed then."""
+    if dtypes:
+        resolve_dtypes(dtypes, None)
+    try:
+        built = spec.build()
+    except UnusableTarget as exc:
+        raise UnusableTarget(f"cannot load target {spec.name!r}: {exc}") from None
+    except ValueError as exc:  # a FamilyError: bad family flags or an unloadable target
+        raise UnusableTarget(str(exc)) from None
+    try:
+        dtype_list, explicit = resolve_dtypes(dtypes, built)
+        notify(spec.header(built))
+        crashes: dict = {}
+        problems = warm_up(built, dtype_list, timeout, crashes, spec.family_record)
+        usable, unsupported = [], {}
+        for dtype in dtype_list:
+            problem = problems.get(dtype)
+            if problem is None:
+                usable.append(dtype)
+            elif explicit:
+                raise UnusableTarget(f"target {spec.name!r} cannot be called: {problem}")
+            else:
+                unsupported[dtype] = problem
+                notify(f"[yellow]skipping {dtype}: {escape(problem)}[/]")
+        if not usable:
+            raise UnusableTarget(f"target {spec.name!r} cannot be called in any dtype"
+                                 + (f": {next(iter(unsupported.values()))}" if unsupported else ""))
+    except BaseException:
+        close(built)
+        raise
+    return Prepared(callable_in(built, problems), usable, unsupported, crashes)
+
+
+def close(target) -> None:
+    """Stop the worker process ``target`` runs in, if any."""
+    executor = getattr(target, "executor", None)
+    if executor is not None:
+        executor.close()
+
+
 def callable_in(target, problems: dict):
     """The target restricted to the dtypes it could be called in (the distractor calls of
     the statelessness check draw from these)."""
@@ -174,7 +229,9 @@ class Session:
     dtypes: list[str]
     properties: list[Property]
     options: RunOptions = field(default_factory=RunOptions)
-    reproduce: str = ""
+    # the command that reruns this session (``--property NAME`` is added per check), or a
+    # function giving the rerun of one check by its name (the Python API's)
+    reproduce: object = ""
     known: list = field(default_factory=list)  # ropecheck.known_failures records
     results: list[Result] = field(default_factory=list)
     stopped: Optional[str] = None  # why the run stopped early
@@ -187,6 +244,12 @@ class Session:
     def rows(self) -> list[str]:
         """The table's rows: the position-range probe, then the properties."""
         return (["position-range"] if self.range_probe else []) + [p.name for p in self.properties]
+
+    def reproduce_check(self, name: str) -> str:
+        """How to rerun the check ``name`` alone."""
+        if callable(self.reproduce):
+            return self.reproduce(name)
+        return f"{self.reproduce} --property {name}"
 
     def _record(self, result: Result, on_result) -> None:
         result = known_failures.apply(self.target.name, [result], self.known)[0]
@@ -205,11 +268,11 @@ class Session:
         target = self.target
         if self.range_probe:
             found, target = probe_position_range(target, dtype, self.options,
-                                                 f"{self.reproduce} --property position-range")
+                                                 self.reproduce_check("position-range"))
             self._record(found, on_result)
         for prop in self.properties:
             result = run_property(prop, target, dtype, self.options,
-                                  reproduce_hint=f"{self.reproduce} --property {prop.name}")
+                                  reproduce_hint=self.reproduce_check(prop.name))
             self._record(result, on_result)
 
     def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:

@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-import reference
-from reference.scaling import Scaling
+from ropecheck import reference
+from ropecheck.reference.scaling import Scaling
 from ropecheck.call_forms import check_call
 from ropecheck.dtypes import DTYPES
 

@@ -138,7 +138,7 @@ class ErrorModel:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
         declared convention: the pair bound with the per-frequency angle allowance on
         rotated features; one output rounding on pass-through features."""
-        from reference import pair_indices
+        from ropecheck.reference import pair_indices
 
         x64 = np.asarray(x64, dtype=np.float64)
         head_dim = x64.shape[-1]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions, run_property
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck import known_failures
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
@@ -110,7 +110,7 @@ def test_liger_backward_writes_into_grad_output():
         pytest.skip("liger-kernel is not installed")
     import torch
 
-    import reference
+    from ropecheck import reference
     q, k = torch.randn(1, 1, 1, 8, requires_grad=True), torch.randn(1, 1, 1, 8, requires_grad=True)
     g = torch.randn(1, 1, 1, 8)
     given = g.clone()

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions, call_time_limit, run_property
-from properties.strategies import cases, counts_up, critical_cases, in_form, large_cases, within
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions, call_time_limit, run_property
+from ropecheck.properties.strategies import cases, counts_up, critical_cases, in_form, large_cases, within
 from ropecheck.call_forms import Form, segment_lengths
 from ropecheck.calling import Caller, CallError
 from ropecheck.target import Convention, Target
@@ -152,7 +152,7 @@ def test_a_call_form_a_family_does_not_have_is_a_usage_error():
 def _nd_qk(forget_mqa_k: bool):
     """An M-RoPE kernel in its (q, k) form from the float64 reference (no autograd); the
     broken one leaves k unrotated when it has one head."""
-    from reference.nd import mrope
+    from ropecheck.reference.nd import mrope
     conv = mrope([2, 1, 1], layout="half")
 
     def rotate(t, positions):
@@ -166,7 +166,7 @@ def _nd_qk(forget_mqa_k: bool):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_nd_family_in_the_qk_form(broken):
-    from properties.nd_checks import ND_PROPERTIES, NDTarget
+    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
     conv, rope = _nd_qk(broken)
     target = NDTarget("mrope-qk", rope, 3, conv, (conv.head_dim,), backward=False, call="qk")
     result = run_property(ND_PROPERTIES["reference"], target, "float32", QUICK)
@@ -181,7 +181,7 @@ def _nd_packed(bug: str = ""):
     kernel walks cu_seqlens. Bugs: "empty-skips-next" (an empty sequence makes the loop
     skip the one after it, left unrotated), "counting" (a 1-D habit: each token at its
     sequence's first position + its index, not its own)."""
-    from reference.nd import mrope
+    from ropecheck.reference.nd import mrope
     conv = mrope([2, 1, 1], layout="half")
 
     def rope(x, cu_seqlens, positions):
@@ -201,7 +201,7 @@ def _nd_packed(bug: str = ""):
 
 @pytest.mark.parametrize("bug", ["", "empty-skips-next", "counting"])
 def test_nd_family_in_the_packed_form(bug):
-    from properties.nd_checks import ND_PROPERTIES, NDTarget
+    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
     conv, rope = _nd_packed(bug)
     target = NDTarget("mrope-packed", rope, 3, conv, (conv.head_dim,), backward=False, call="packed")
     if not bug:

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import reference
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions
+from ropecheck import reference
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions
 from ropecheck.target import Convention, Target
 from tests import call_form_kernels as kernels
 from tests.test_cli import FP32, check

@@ -3,8 +3,8 @@ passes every correct built-in target, in every dtype."""
 
 import pytest
 
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions, run_property
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.builtins import BUILTINS, builtin
 from ropecheck.dtypes import DTYPES
 from ropecheck.kernels import target as triton_target
@@ -74,7 +74,7 @@ def test_partial_rotary_on_the_wrong_slice_fails():
 def test_shrinking_stops_at_its_budget(monkeypatch):
     """A slow target's failing verdict is bounded: past the budget the smallest failing
     example found so far is reported, and said to be perhaps not minimal."""
-    import properties.runner as runner
+    import ropecheck.properties.runner as runner
     monkeypatch.setattr(runner, "SHRINK_BUDGET", 0.0)
     result = run_property(PROPERTIES["reference"], mutant_target("sign-flipped"), "float32", OPTIONS)
     assert result.status == "failed"
@@ -95,7 +95,7 @@ SCALED = {
 
 
 def _scaled(name: str, rotary_dim: int = 8):
-    from reference.scaling import parse
+    from ropecheck.reference.scaling import parse
     return builtin("rotate-half", rotary_dim=rotary_dim, scaling=parse(SCALED[name]))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from properties.checks import PROPERTIES
+from ropecheck.properties.checks import PROPERTIES
 from ropecheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

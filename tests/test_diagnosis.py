@@ -4,8 +4,8 @@ or one with a defect no candidate describes, gets none."""
 import pytest
 import torch
 
-from properties.checks import Context
-from properties.diagnosis import likely_cause, probe_positions, suspects
+from ropecheck.properties.checks import Context
+from ropecheck.properties.diagnosis import likely_cause, probe_positions, suspects
 from ropecheck.builtins import builtin
 from ropecheck.target import Convention, Target
 from tests.mutants import mutant_target
@@ -178,7 +178,7 @@ def test_correct_target_gets_no_diagnosis(name, kw, dtype):
 def test_correct_kernel_and_scaled_builtin_get_no_diagnosis(dtype):
     assert likely_cause(ctx_for(kernel(), dtype)) is None
     assert likely_cause(ctx_for(kernel(rotary_dim=PARTIAL), dtype, rotary_dim=PARTIAL)) is None
-    from reference.scaling import parse
+    from ropecheck.reference.scaling import parse
     scaled = builtin("rotate-half", scaling=parse("yarn:factor=4,original_max_position_embeddings=256"))
     assert likely_cause(Context(scaled, dtype)) is None
 
@@ -254,7 +254,7 @@ def test_rounding_candidates_are_told_apart(kind, dtype):
     dtype's target. cos/sin rounding errs by u_L rho at every m and changes pair norms;
     angle rounding keeps norms and errs by ~u_L |m theta_i|, a radian where m is not
     representable in L."""
-    from properties import diagnosis
+    from ropecheck.properties import diagnosis
     L = torch.float16 if dtype == "float16" else torch.bfloat16
     kw = dict(cos_dtype=L) if kind == "cos/sin" else dict(angle_dtype=L)
     probe = diagnosis._probe(ctx_for(kernel(**kw), "float32", max_position=32768))
@@ -276,7 +276,7 @@ def test_angle_rounding_error_grows_and_cos_sin_rounding_does_not():
     envelopes rely on): angles in bf16 reach O(1) at large m, cos/sin in bf16 stay under
     u_bf16 = 2^-8 of the pair's norm."""
     import numpy as np
-    from properties.cases import as_float64
+    from ropecheck.properties.cases import as_float64
     limit = 2**20
     positions = probe_positions(limit)
     x = torch.randn(2, positions.shape[1], 2, 64, generator=torch.Generator().manual_seed(0))
@@ -322,7 +322,7 @@ def test_probe_respects_max_position():
 
 def _declared(target, scaling):
     from dataclasses import replace
-    from reference.scaling import parse
+    from ropecheck.reference.scaling import parse
     return target.with_(convention=replace(target.convention, scaling=parse(scaling)))
 
 
@@ -333,7 +333,7 @@ def _declared(target, scaling):
     ("linear:factor=8", "linear:factor=4", ("linear-scale", "4")),
 ])
 def test_declared_scaling_defects(declared, target_scaling, expected, dtype):
-    from reference.scaling import parse
+    from ropecheck.reference.scaling import parse
     scaling = parse(target_scaling) if target_scaling else parse("default")
     target = _declared(builtin("rotate-half", scaling=scaling), declared)
     assert named(Context(target, dtype)) == expected
@@ -342,7 +342,7 @@ def test_declared_scaling_defects(declared, target_scaling, expected, dtype):
 @pytest.mark.parametrize("spec", ["yarn:factor=4,original_max_position_embeddings=256",
                                   "dynamic:factor=4,max_position_embeddings=256"])
 def test_defect_under_declared_scaling(spec):
-    from reference.scaling import parse
+    from ropecheck.reference.scaling import parse
     target = builtin("rotate-half", scaling=parse(spec))
     shifted = target.with_(fn=lambda x, p, rope=target.fn: rope(x, p + 1))
     assert named(Context(shifted, "float32")) == ("offset", "+1")

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 
 from ropecheck.builtins import BUILTIN_FORMS, BUILTINS, builtin
 from ropecheck.cli import main
-from ropecheck.identify import Identification, identify, round_within
+from ropecheck.identification import Identification, identify, round_within
 from ropecheck.target import Target
-from properties.strategies import FREE_HEAD_DIMS
-from reference.scaling import parse
+from ropecheck.properties.strategies import FREE_HEAD_DIMS
+from ropecheck.reference.scaling import parse
 
 
 # --- inline targets ------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from properties.runner import Result
+from ropecheck.properties.runner import Result
 from ropecheck import known_failures
 
 RECORD = """

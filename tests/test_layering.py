@@ -15,16 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FRONT_DOORS = ("ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "ropecheck.identify")
+FRONT_DOORS = ("ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "ropecheck.identification")
 
 # ropecheck's modules that are front doors or serve only them (matched against the file's
 # path below ropecheck/, with fnmatch-style patterns); everything else in ropecheck/ is core
-FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "report*.py", "identify*.py", "families.py", "output.py",
+FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "report*.py", "identify*.py", "identification.py", "api.py", "families.py", "output.py",
                     "session.py", "catalog.py", "__main__.py", "figures.py")
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] in ("properties", "reference"):  # installed as ropecheck.properties, ropecheck.reference
+        parts.insert(0, "ropecheck")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -65,10 +67,10 @@ def core_files() -> list[Path]:
 
 def test_core_modules_are_found():
     names = {module_name(p) for p in core_files()}
-    assert {"properties.runner", "properties.test_properties", "reference.rope", "ropecheck.target",
+    assert {"ropecheck.properties.runner", "ropecheck.properties.test_properties", "ropecheck.reference.rope", "ropecheck.target",
             "ropecheck.calling", "ropecheck.adapters.hf", "ropecheck.kernels.rope"} <= names
     assert not names & {"ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "ropecheck.report_plots",
-                        "ropecheck.identify", "ropecheck.identify_output", "ropecheck.families", "ropecheck.session"}
+                        "ropecheck.identification", "ropecheck.identify_output", "ropecheck.families", "ropecheck.session"}
 
 
 def test_no_core_module_imports_a_front_door():
@@ -84,28 +86,28 @@ def test_no_core_module_imports_a_front_door():
     "import ropecheck.cli",
     "import ropecheck.pytest_plugin as plugin",
     "from ropecheck.report import run_target",
-    "from ropecheck import identify",
-    "from ropecheck.identify import identify_spec as spec",
+    "from ropecheck import identification",
+    "from ropecheck.identification import identify_spec as spec",
     "def later():\n    if True:\n        from ropecheck.cli import main\n",
     "class C:\n    def m(self):\n        import ropecheck.report\n",
     "import importlib\nimportlib.import_module('ropecheck.pytest_plugin')",
 ])
 def test_the_checker_finds_a_front_door_import(source):
-    assert front_doors_imported(source, "properties.synthetic")
+    assert front_doors_imported(source, "ropecheck.properties.synthetic")
 
 
 def test_the_checker_resolves_relative_imports():
     assert front_doors_imported("from . import cli", "ropecheck.synthetic")
     assert front_doors_imported("from ..cli import main", "ropecheck.adapters.synthetic")
     assert front_doors_imported("from . import report", "ropecheck", is_package=True)
-    assert not front_doors_imported("from . import cli", "properties.synthetic")
+    assert not front_doors_imported("from . import cli", "ropecheck.properties.synthetic")
 
 
 @pytest.mark.parametrize("source", [
     "import ropecheck.calling",
     "from ropecheck import report_plots, identify_output, target",
     "from ropecheck.reporting import x",  # a name that only starts like a front door
-    "import properties.runner\ncli = 'ropecheck.cli'",
+    "import ropecheck.properties.runner\ncli = 'ropecheck.cli'",
 ])
 def test_the_checker_passes_engine_imports(source):
-    assert not front_doors_imported(source, "properties.synthetic")
+    assert not front_doors_imported(source, "ropecheck.properties.synthetic")

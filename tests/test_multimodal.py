@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from properties.builder_checks import BUILDER_PROPERTIES, BuilderTarget, family
-from properties.runner import RunOptions, run_property
-from reference import multimodal as mm
+from ropecheck.properties.builder_checks import BUILDER_PROPERTIES, BuilderTarget, family
+from ropecheck.properties.runner import RunOptions, run_property
+from ropecheck.reference import multimodal as mm
 
 SEQ = [("text", 3), ("image", 2, 3), ("text", 2)]  # L = 2, h = 2, w = 3
 

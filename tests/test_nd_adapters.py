@@ -7,10 +7,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.nd_checks import ND_PROPERTIES, NDTarget
-from properties.runner import run_property
-from properties.runner import RunOptions
-from reference.nd import axial
+from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+from ropecheck.properties.runner import run_property
+from ropecheck.properties.runner import RunOptions
+from ropecheck.reference.nd import axial
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.cli import main

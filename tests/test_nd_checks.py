@@ -8,10 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.nd_checks import ND_PROPERTIES, NDTarget
-from properties.runner import run_property
-from properties.runner import RunOptions
-from reference.nd import axial, mrope
+from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+from ropecheck.properties.runner import run_property
+from ropecheck.properties.runner import RunOptions
+from ropecheck.reference.nd import axial, mrope
 from ropecheck.cli import main
 from tests.mutants import with_backward
 
@@ -119,7 +119,7 @@ def test_backward_needs_autograd_or_a_declaration():
 
 def test_cli_family_exit_codes(tmp_path):
     good = tmp_path / "good.py"
-    good.write_text("from reference.nd import axial\nimport torch\nC = axial(8, 2, layout='half')\n"
+    good.write_text("from ropecheck.reference.nd import axial\nimport torch\nC = axial(8, 2, layout='half')\n"
                     "def rope(x, p):\n    return torch.from_numpy(C.apply(x.double().numpy(), p.numpy())).to(x.dtype)\n"
                     "def bad(x, p):\n    return rope(x, p.flip(-1))\n")
     # numpy inside: no autograd, so --no-backward (without it the backward check fails)
@@ -136,7 +136,7 @@ def test_cli_family_exit_codes(tmp_path):
     assert r.exit_code == 2 and "needs --sections" in r.output and "Traceback" not in r.output
     assert run(f"{good}:nothing", "--family", "axial", "--layout", "half").exit_code == 2
     inter = tmp_path / "inter.py"
-    inter.write_text("from reference.nd import mrope\nimport torch\nC = mrope([4, 2, 2], interleaved=True)\n"
+    inter.write_text("from ropecheck.reference.nd import mrope\nimport torch\nC = mrope([4, 2, 2], interleaved=True)\n"
                      "def rope(x, p):\n    return torch.from_numpy(C.apply(x.double().numpy(), p.numpy())).to(x.dtype)\n")
     assert run(f"{inter}:rope", "--family", "mrope", "--sections", "4,2,2", "--mrope-interleaved").exit_code == 0
     assert run(f"{inter}:rope", "--family", "mrope", "--sections", "4,2,2").exit_code == 1
@@ -178,7 +178,7 @@ def test_cli_family_a_hanging_target_is_a_finding_and_stops_the_run(tmp_path, fa
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_one_axis_reference_is_the_1d_reference(layout):
-    from reference import apply_rope
+    from ropecheck.reference import apply_rope
     conv = axial(16, 1, layout=layout, base=500000.0)
     x = np.random.default_rng(0).standard_normal((2, 5, 3, 16))
     p = np.random.default_rng(1).integers(0, 2**20, (2, 5))
@@ -187,7 +187,7 @@ def test_one_axis_reference_is_the_1d_reference(layout):
 
 
 def test_one_axis_cases_hand_1d_targets_their_positions():
-    from properties.cases import Case
+    from ropecheck.properties.cases import Case
     case = Case("float32", 2, 3, 1, 8, ((0, 1, 2), (5, 6, 7)))
     assert case.n_axes == 1 and case.positions_array().shape == (2, 3) and case.axes_array().shape == (2, 3, 1)
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from reference.nd import GeneratorError, apply_sum_rotation, axial, mrope, rotation_expm, validate_generators
-from reference.rope import apply_rope
+from ropecheck.reference.nd import GeneratorError, apply_sum_rotation, axial, mrope, rotation_expm, validate_generators
+from ropecheck.reference.rope import apply_rope
 
 
 @pytest.mark.parametrize("conv", [axial(8, 2, layout="interleaved"), axial(12, 3, layout="half"),

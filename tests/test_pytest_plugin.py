@@ -1,27 +1,29 @@
-"""The pytest front door: ``pytest --pyargs properties --rope-target T ...`` run in a
-subprocess through pytester, the way a user runs it: from a directory outside the
-project, finding ``properties`` through the installed package alone (no PYTHONPATH).
+"""The pytest front door: ``pytest --pyargs ropecheck.properties --rope-target T ...`` run
+in a subprocess through pytester, the way a user runs it: from a directory outside the
+project, finding ``ropecheck.properties`` through the installed package alone (no
+PYTHONPATH).
 
-If every test here fails with "module or package not found: properties", the editable
-install is stale: one made before properties/__init__.py existed maps ``properties`` to a
-namespace package, which ``--pyargs`` cannot collect; ``pip install -e .`` again.
+If every test here fails with "module or package not found: ropecheck.properties", the
+editable install is stale (made before properties/ installed as ropecheck.properties):
+``pip install -e .`` again.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from properties.checks import PROPERTIES
+from ropecheck.properties.checks import PROPERTIES
 
 pytest_plugins = ["pytester"]
 
 # one test per property, and the position-range test before them
 N_TESTS = len(PROPERTIES) + 1
 
-BASE_ARGS = ("--pyargs", "properties", "--rope-dtype", "float32", "--rope-max-examples", "5",
+BASE_ARGS = ("--pyargs", "ropecheck.properties", "--rope-dtype", "float32", "--rope-max-examples", "5",
              "--rope-profile", "ci", "-p", "no:cacheprovider")
 
 SIGN_FLIPPED = textwrap.dedent('''
@@ -68,21 +70,21 @@ def test_sign_flipped_file_target_fails_reference(pytester):
     assert outcomes.get("failed", 0) + outcomes.get("passed", 0) == N_TESTS, outcomes
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     out = result.stdout.str()
-    assert "FAILED test_properties.py::test_property[float32-reference]" in out
+    assert "FAILED test_properties.py::test_property[flipped.py:rope-float32-reference]" in out
     assert "minimal counterexample:" in out and "reproduce:" in out
     # --junitxml: one testcase per test, a failure element on the failing ones
     root = ET.parse(report).getroot()
     cases = root.findall(".//testcase")
     assert len(cases) == N_TESTS
     failed = {case.get("name") for case in cases if case.find("failure") is not None}
-    assert "test_property[float32-reference]" in failed
+    assert "test_property[flipped.py:rope-float32-reference]" in failed
     assert len(failed) == outcomes["failed"]
 
 
 def test_keyword_selects_one_property(pytester):
     result = run(pytester, "--rope-target", "rotate-half", "-k", "identity", "-v")
     result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
-    result.stdout.fnmatch_lines(["*test_property?float32-identity? PASSED*"])
+    result.stdout.fnmatch_lines(["*test_property?rotate-half-float32-identity? PASSED*"])
 
 
 def test_target_without_convention_skips_reference_checks(pytester):
@@ -138,3 +140,90 @@ def test_unloadable_target_is_a_clean_usage_error(pytester):
     assert "cannot load target" in out and "no such file" in out
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     assert "_pytest" not in out and "pluggy" not in out, out
+
+
+# --- in a project's own pytest run: ini options, no adapter file ---------------------------
+
+PROJECT_TEST = '''
+def test_the_projects_own_test():
+    assert True
+'''
+
+
+def project(pytester, *ini_lines: str):
+    """A kernel project: its kernel, its own test, and ropecheck set up in pyproject.toml."""
+    pytester.makepyfile(flipped=SIGN_FLIPPED, test_own=PROJECT_TEST)
+    pytester.makefile(".toml", pyproject="\n".join(["[tool.pytest.ini_options]", *ini_lines]))
+
+
+SET_UP = ('rope_target = "flipped.py:rope"', 'rope_dtype = "float32"', 'rope_max_examples = "5"',
+          'rope_profile = "ci"')
+
+
+def test_ini_options_add_the_suite_to_a_plain_pytest_run(pytester):
+    """rope_target in the ini file puts the suite into `pytest`; the flags override it."""
+    project(pytester, *SET_UP, 'rope_layout = "interleaved"')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # the project's own test, and the suite: rotation by -m in the half layout is not the
+    # interleaved reference
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] + outcomes["failed"] == N_TESTS + 1, outcomes
+    result.stdout.fnmatch_lines(["*test_own.py .*", "*FAILED*test_property?flipped.py:rope-float32-reference?*"])
+    # -k, and a flag overriding the ini value (--rope-layout half: still wrong, by its sign)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference", "--rope-layout", "half")
+    result.assert_outcomes(failed=1, deselected=N_TESTS)
+    assert "the target rotates clockwise" in result.stdout.str()
+    # -x stops at the first failure
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-x")
+    assert result.parseoutcomes()["failed"] == 1
+    # paths on the command line: only those run
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_own.py")
+    result.assert_outcomes(passed=1)
+
+
+def test_junit_names_carry_the_target(pytester):
+    project(pytester, *SET_UP, 'rope_layout = "half"')
+    report = pytester.path / "report.xml"
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={report}")
+    names = {case.get("name") for case in ET.parse(report).getroot().iter("testcase")}
+    assert "test_the_projects_own_test" in names
+    assert "test_position_range[flipped.py:rope-float32]" in names
+    assert "test_property[flipped.py:rope-float32-reference]" in names
+
+
+def test_a_bad_ini_value_is_a_usage_error(pytester):
+    project(pytester, *SET_UP, 'rope_layout = "diagonal"')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "rope_layout must be one of interleaved, half" in result.stderr.str()
+
+
+def test_the_old_package_name_gets_a_one_line_hint(pytester):
+    result = pytester.runpytest_subprocess("--pyargs", "properties", "--rope-target", "rotate-half")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.stderr.lines if line.strip()]
+    assert errors == ["ERROR: ropecheck: 'properties' is now 'ropecheck.properties': "
+                      "pytest --pyargs ropecheck.properties ..."], errors
+
+
+def test_xdist_gives_the_same_verdicts(pytester):
+    """-n 2: the same tests and the same outcomes as one process; every worker draws with
+    the controller's seed."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(flipped=SIGN_FLIPPED)
+    verdicts = []
+    for extra in ((), ("-n", "2")):
+        report = pytester.path / f"report{len(verdicts)}.xml"
+        result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half",
+                     "--rope-profile", "dev", "--rope-seed", "1234", f"--junitxml={report}", *extra)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        cases = ET.parse(report).getroot().iter("testcase")
+        verdicts.append({case.get("name"): [child.tag for child in case if child.tag in ("failure", "skipped")]
+                         for case in cases})
+    assert len(verdicts[0]) == N_TESTS
+    assert verdicts[0] == verdicts[1]
+    result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half", "--rope-profile", "dev",
+                 "-n", "2")
+    header = re.search(r"ropecheck: target flipped.py:rope, profile dev, seed (\d+)", result.stdout.str())
+    assert header, result.stdout.str()
+    assert set(re.findall(r"--rope-seed=(\d+)", result.stdout.str())) == {header.group(1)}

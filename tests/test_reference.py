@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import (
+from ropecheck.reference import (
     LAYOUTS,
     angles,
     apply_rope,

@@ -3,10 +3,10 @@ correct and a deliberately broken variant."""
 import numpy as np
 import pytest
 
-from properties.relative_checks import conforms, judge
-from reference import relatives as rel
-from reference.rope import apply_rope
-from reference.sinusoidal import apply_sinusoidal
+from ropecheck.properties.relative_checks import conforms, judge
+from ropecheck.reference import relatives as rel
+from ropecheck.reference.rope import apply_rope
+from ropecheck.reference.sinusoidal import apply_sinusoidal
 
 
 def _xpos_scores(q, k, pq, pk, broken=False):

@@ -55,8 +55,8 @@ def test_report_refuses_unknown_targets(tmp_path):
 def test_outputs_that_must_differ_but_are_equal_score_inf_in_strict_json():
     import math
 
-    from properties.assertions import CheckFailure, assert_distinct
-    from properties.runner import Result
+    from ropecheck.properties.assertions import CheckFailure, assert_distinct
+    from ropecheck.properties.runner import Result
 
     with pytest.raises(CheckFailure) as failure:
         assert_distinct(np.ones(3), np.ones(3), 1e-6, what="moved")

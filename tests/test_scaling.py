@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from reference import inv_freq
-from reference.scaling import (NTK, DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN,
+from ropecheck.reference import inv_freq
+from ropecheck.reference.scaling import (NTK, DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN,
                                from_parameters, parse, yarn_correction_range)
 from ropecheck.tolerance import ANGLE_CONST, U32
 

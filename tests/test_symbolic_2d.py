@@ -1,7 +1,7 @@
 """The seed's sympy derivation of 2-D RoPE."""
 import sympy as sp
 
-from reference import symbolic_2d as s
+from ropecheck.reference import symbolic_2d as s
 
 
 def test_constraints_of_the_seed():

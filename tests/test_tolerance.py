@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import reference
-from properties.assertions import CheckFailure
-from properties.cases import Case
-from properties.checks import PROPERTIES, Context
-from properties.accuracy import accuracy_sweep
+from ropecheck import reference
+from ropecheck.properties.assertions import CheckFailure
+from ropecheck.properties.cases import Case
+from ropecheck.properties.checks import PROPERTIES, Context
+from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.builtins import builtin
 from ropecheck.target import Convention, Target
 from ropecheck.tolerance import K_OPS, U32, ErrorModel

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-import reference
-from properties.checks import PROPERTIES
-from properties.runner import RunOptions, run_property
-from properties.strategies import max_position_for
+from ropecheck import reference
+from ropecheck.properties.checks import PROPERTIES
+from ropecheck.properties.runner import RunOptions, run_property
+from ropecheck.properties.strategies import max_position_for
 from ropecheck.builtins import builtin
 from ropecheck.dtypes import DTYPES
 from ropecheck.kernels import target as triton_target

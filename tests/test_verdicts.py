@@ -230,7 +230,7 @@ def test_position_builder_runs_in_the_worker(tmp_path, kind):
             if any(segment[0] == "video" for segment in segments):
                 {CRASHERS[kind]}"""
     source = textwrap.dedent(f'''
-        from reference.multimodal import reference_builder
+        from ropecheck.reference.multimodal import reference_builder
 
         _reference, _ = reference_builder("mrope")
 
@@ -305,8 +305,8 @@ def test_invertibility_noise_counts_only_the_rotated_features():
     rotated block: the features past a partial rotary dim are the same at m and m + k.
     Counting them failed transformers' correct Phi-3 LongRoPE (rotary 64 of a 256 head) in
     bfloat16; a partial-rotary target that ignores positions still fails."""
-    from properties.checks import PROPERTIES
-    from properties.runner import RunOptions, run_property
+    from ropecheck.properties.checks import PROPERTIES
+    from ropecheck.properties.runner import RunOptions, run_property
     from ropecheck.loading import load
     from ropecheck.target import Target
 
@@ -344,9 +344,9 @@ def test_an_output_holding_nan_is_not_a_changed_output():
 def test_statelessness_example_keeps_to_the_other_dtypes_magnitudes():
     """The explicit distractor of statelessness is the case in another dtype: at float16 it
     must not carry the 1e5 scale float16 cannot hold (an input no model produces)."""
-    from properties.cases import Case
-    from properties.checks import PROPERTIES, Context
-    from properties.strategies import scales
+    from ropecheck.properties.cases import Case
+    from ropecheck.properties.checks import PROPERTIES, Context
+    from ropecheck.properties.strategies import scales
     from ropecheck.builtins import builtin
 
     target = builtin("rotate-half").with_(dtypes=("float32", "float16"))
@@ -421,7 +421,7 @@ def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
     memory, where copy_ and mul_ raise) is still the grad_output finding."""
     import torch
 
-    from properties.cases import Case
+    from ropecheck.properties.cases import Case
     from ropecheck.execution import Execution
 
     seen = []
@@ -458,8 +458,8 @@ def test_message_and_counterexample_describe_the_same_failure(tmp_path):
                 return torch.full_like(y, float("nan"))  # one failure: NaN at large positions
             return -y if x.shape[-1] == 80 else y  # another: wrong values on head_dim 80
     ''')
-    from properties.checks import PROPERTIES
-    from properties.runner import RunOptions, run_property
+    from ropecheck.properties.checks import PROPERTIES
+    from ropecheck.properties.runner import RunOptions, run_property
     from ropecheck.loading import load
 
     target = load(write(tmp_path, "two_failures", source))
@@ -485,8 +485,8 @@ def test_table_cell_shows_the_largest_error_seen(tmp_path):
             drift = 1e-9 * positions.to(torch.float32)[:, :, None, None]  # absolute, grows with m
             return (correct_rope(x, positions).float() + drift).to(x.dtype)
     ''')
-    from properties.checks import PROPERTIES
-    from properties.runner import RunOptions, run_property
+    from ropecheck.properties.checks import PROPERTIES
+    from ropecheck.properties.runner import RunOptions, run_property
     from ropecheck.loading import load
     from ropecheck.target import Convention
 
@@ -564,7 +564,7 @@ def test_target_file_importing_its_own_package(tmp_path, front_door):
         args = ["check", spec, "--layout", "half", *FP32, *FAST, "--property", "identity"]
     else:
         launcher = "import sys\nimport pytest\nsys.exit(pytest.main())\n"
-        args = ["-q", "-p", "no:cacheprovider", "--pyargs", "properties", "--rope-target", spec,
+        args = ["-q", "-p", "no:cacheprovider", "--pyargs", "ropecheck.properties", "--rope-target", spec,
                 "--rope-layout", "half", "--rope-dtype", "float32", "--rope-profile", "ci",
                 "--rope-max-examples", "5", "-k", "identity"]
     (tmp_path / "bin" / front_door).write_text(launcher)
@@ -581,7 +581,7 @@ def test_pytest_plugin_declares_the_position_range(tmp_path):
                 raise IndexError(f"position {int(positions.max())} past the 4097-row table")
             return correct_rope(x, positions)
     '''))
-    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "properties",
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "ropecheck.properties",
             "--rope-target", spec, "--rope-layout", "half", "--rope-dtype", "float32",
             "--rope-profile", "ci", "--rope-max-examples", "5", "-k", "position_range or reference"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -602,8 +602,8 @@ def test_families_keep_to_the_declared_range(tmp_path, family):
     axial = family[1] == "axial"
     source = textwrap.dedent(f'''
         import torch
-        from reference import nd
-        from reference.relatives import apply_xpos
+        from ropecheck.reference import nd
+        from ropecheck.reference.relatives import apply_xpos
 
         def rope({"x, positions" if axial else "q, k, positions"}):
             assert int(positions.max()) <= 300, int(positions.max())

@@ -9,10 +9,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from properties.runner import RunOptions, run_property
-from properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget
-from reference.relatives import apply_xpos
-from reference.rope import pair_indices
+from ropecheck.properties.runner import RunOptions, run_property
+from ropecheck.properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget
+from ropecheck.reference.relatives import apply_xpos
+from ropecheck.reference.rope import pair_indices
 from ropecheck.cli import main
 from tests.mutants import _like_strided
 

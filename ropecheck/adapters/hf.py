@@ -5,7 +5,7 @@ hub; one rotary module per head size is kept for the whole run, as a model keeps
 
 from __future__ import annotations
 
-from reference.scaling import DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN
+from ropecheck.reference.scaling import DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 from ropecheck.target import Convention
 

@@ -8,7 +8,7 @@ positions can be checked."""
 
 from __future__ import annotations
 
-from reference.scaling import Llama3
+from ropecheck.reference.scaling import Llama3
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
 from ropecheck.target import Convention
 

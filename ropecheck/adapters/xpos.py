@@ -24,7 +24,7 @@ bfloat16 input (the float32 cos/sin promote the product); they differ in:
 
 from __future__ import annotations
 
-from reference.relatives import XPOS_SCALE_BASE
+from ropecheck.reference.relatives import XPOS_SCALE_BASE
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 

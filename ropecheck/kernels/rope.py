@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from reference import check_layout, check_rotary_dim
+from ropecheck.reference import check_layout, check_rotary_dim
 from ropecheck.kernels import rope_triton
 from ropecheck.kernels.angle_table import angle_tables
 

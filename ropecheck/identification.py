@@ -165,6 +165,18 @@ class Identification:
         return " ".join(words)
 
     @property
+    def options(self) -> dict:
+        """The same convention as ``ropecheck.check`` keywords ({} when none can describe it)."""
+        if not self.flags:
+            return {}
+        out = {"layout": self.layout, "base": float(self.base)}
+        if self.rotary_dim is not None and self.rotary_dim < self.head_dim:
+            out["rotary_dim"] = self.rotary_dim
+        if self.named_scalings:
+            out["scaling"] = self.named_scalings[0]
+        return out
+
+    @property
     def scaling(self) -> str:
         """``--scaling VALUE`` for the verified named scaling ('' when there is none): VALUE
         always parses with reference.scaling.parse; what no value expresses is in the notes."""
@@ -172,7 +184,7 @@ class Identification:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out.update(flags=self.flags, scaling=self.scaling, worst_ratio=self.worst_ratio)
+        out.update(flags=self.flags, scaling=self.scaling, options=self.options, worst_ratio=self.worst_ratio)
         return out
 
 
@@ -333,7 +345,7 @@ def _norm_trend(norms, positions, dtype: str) -> str:
     column's largest log-norm change); rounding zeta itself and the centre c only move the
     line. A weighted line per column (``identify_scaling.wls``) is xPos-like when every
     residual is within its bound while some slope is not within its own."""
-    from properties.xpos_checks import SCALE_POW_CONST, XPOS_OPS  # only on this path: it is heavy
+    from ropecheck.properties.xpos_checks import SCALE_POW_CONST, XPOS_OPS  # only on this path: it is heavy
 
     model = ErrorModel(dtype)
     m = np.asarray(positions, dtype=np.float64)
@@ -656,7 +668,7 @@ def _measure_more(ident, caller, positions) -> list[Measured]:
     may be pinned only per rotary dim: YaRN's integer ramp ends), when the whole head
     rotates in a standard layout; each read as in steps 4-5 (blocks a R(phi), angles linear
     in m), with the bounds of its own amplitude. A head dim the target refuses is noted."""
-    from properties.strategies import FREE_HEAD_DIMS  # what ropecheck check draws
+    from ropecheck.properties.strategies import FREE_HEAD_DIMS  # what ropecheck check draws
 
     if ident.layout is None or ident.rotary_dim != ident.head_dim:
         return []
