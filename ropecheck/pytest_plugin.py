@@ -7,6 +7,7 @@ xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
 from __future__ import annotations
 
 import importlib.util
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,19 +178,30 @@ def _old_spelling(config) -> str | None:
     return None
 
 
-def suite_path() -> str:
+def suite_path() -> Path:
     """The property suite's test module, wherever ropecheck is installed."""
     from ropecheck import properties
 
-    return str(Path(properties.__file__).with_name("test_properties.py"))
+    return Path(properties.__file__).with_name("test_properties.py")
 
 
 def _add_suite(config) -> None:
     """A run with a target and no paths on its command line (plain ``pytest`` in a project
-    whose ini file sets rope_target) collects the property suite besides its own tests."""
+    whose ini file sets rope_target) collects the property suite besides its own tests.
+    Its folder is the collection root, so test ids and JUnit class names read
+    ``test_properties.py::test_property[...]`` / ``test_properties``."""
     if config.option.rope_target and config.args_source != pytest.Config.ArgsSource.ARGS:
-        if suite_path() not in config.args:
-            config.args.append(suite_path())
+        folder = str(suite_path().parent)
+        if folder not in config.args:
+            config.args.append(folder)
+
+
+def pytest_collect_file(file_path, parent):
+    """The suite's module even where the project's python_files would not match its name."""
+    if file_path == suite_path() and not any(fnmatch(file_path.name, pattern)
+                                             for pattern in parent.config.getini("python_files")):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
 
 
 def pytest_configure(config):

@@ -181,11 +181,19 @@ def test_ini_options_add_the_suite_to_a_plain_pytest_run(pytester):
     result.assert_outcomes(passed=1)
 
 
+def test_the_suite_joins_whatever_the_projects_python_files(pytester):
+    project(pytester, *SET_UP, 'rope_layout = "half"', 'python_files = ["check_*.py"]')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference")
+    result.assert_outcomes(failed=1, deselected=N_TESTS - 1)  # test_own.py is not collected
+
+
 def test_junit_names_carry_the_target(pytester):
     project(pytester, *SET_UP, 'rope_layout = "half"')
     report = pytester.path / "report.xml"
     pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={report}")
-    names = {case.get("name") for case in ET.parse(report).getroot().iter("testcase")}
+    cases = list(ET.parse(report).getroot().iter("testcase"))
+    names = {case.get("name") for case in cases}
+    assert {case.get("classname") for case in cases} == {"test_own", "test_properties"}
     assert "test_the_projects_own_test" in names
     assert "test_position_range[flipped.py:rope-float32]" in names
     assert "test_property[flipped.py:rope-float32-reference]" in names
