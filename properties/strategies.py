@@ -212,7 +212,8 @@ def prime_step(cap: int, limit: int) -> int:
 def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
     """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
     every boundary position up to 2^24 on a non-power-of-two head size, per-row
-    offsets on a padded view, two rows of a transposed view; in the target's call form."""
+    offsets on a padded view, two rows of a transposed view; in the target's call form,
+    and for the qk form a grouped-query input (``gqa_case``)."""
     r = rotary_dim
     small = FREE_HEAD_DIMS[0] if r is None else r
     other = FREE_HEAD_DIMS[1] if r is None else r + 48
@@ -230,7 +231,16 @@ def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -
         # HF's layout with two rows: its one-token slices (decode steps) have a row stride
         # that is not heads x head_dim
         Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
-    )]
+    )] + ([gqa_case(dtype, small)] if call == "qk" else [])
+
+
+def gqa_case(dtype: str, head_dim: int) -> Case:
+    """The qk form's fixed grouped-query input: 4 query heads sharing 2 key heads (q head h
+    attends k head h // 2), in storages of their own, two rows at different offsets: a
+    kernel that maps q heads to k heads wrongly, or reads k's heads with q's stride, fails
+    whatever the draws (MHA and MQA have no group to get wrong)."""
+    return Case(dtype, 2, 3, 4, head_dim, ((0, 1, 2), (500, 501, 502)), "contiguous", 1.0, 6,
+                call="qk", k_heads=2, separate=True)
 
 
 def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:

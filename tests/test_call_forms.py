@@ -286,6 +286,19 @@ def test_broken_kernel_fails_naming_its_form(tmp_path, name):
         assert any(has_empty_before_nonempty(cu) for cu in lists), lists
 
 
+def test_the_fixed_gqa_input_catches_a_head_mapping_bug_whatever_the_draws(tmp_path):
+    """qk_k_wrong_head is wrong only when 1 < k_heads < q_heads, which one drawn example
+    seldom is; the qk form's fixed grouped-query input (strategies.gqa_case: 4 q heads, 2 k
+    heads) is, on every run."""
+    result, report = run_ropecheck(tmp_path, "qk_k_wrong_head", "qk", "--property", "reference",
+                                   "--max-examples", "1")
+    assert result.exit_code == 1, result.output
+    shapes = [pair for text in failures(report) for pair in qk_shapes(text)]
+    assert (tuple(shapes[0][0])[2], tuple(shapes[0][1])[2]) == (4, 2), shapes
+    result, _ = run_ropecheck(tmp_path, "qk_correct", "qk", "--property", "reference", "--max-examples", "1")
+    assert result.exit_code == 0, result.output
+
+
 def test_x_fast_path_bug_fails_the_default_run(tmp_path):
     """THE DEFAULT RUN (no --property, no --max-examples): only the large fixed inputs the
     engine adds (tokens x heads 2^14 and 2^15 + 1, head_dim 256) reach the fast path, and
