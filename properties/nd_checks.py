@@ -58,6 +58,8 @@ class NDTarget:
     # x: rope(x, positions); qk: rope(q, k, positions); packed: rope(x, cu_seqlens, positions) on
     # x (total, heads, head_dim), positions (total, n_axes) (ropecheck.call_forms)
     call: str = "x"
+    device: str = "cpu"  # where its inputs are made (--device; read by Caller)
+    mode: str = "eager"  # how it is run (--mode; read by Caller)
 
     def __post_init__(self):
         if self.max_position is not None and self.max_position < 255:

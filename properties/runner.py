@@ -60,6 +60,7 @@ class Result:
     diagnosis: str = ""  # likely cause of a reference failure
     cause: Optional[str] = None  # the root cause this failure shares with others (session)
     signature: str = ""  # what makes two failures the same cause
+    mode: str = "eager"  # how the target was run (ropecheck.modes)
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "max_error": json_number(self.max_error)}

@@ -1,5 +1,7 @@
 """The property checks as pytest tests: ``pytest --pyargs ropecheck.properties --rope-target T``."""
 
+from dataclasses import replace
+
 import pytest
 
 from ropecheck.properties.checks import PROPERTIES
@@ -25,11 +27,12 @@ def test_position_range(rope_range):
 
 
 @pytest.mark.parametrize("name", list(PROPERTIES))
-def test_property(name, rope_range, rope_dtype, rope_options, request):
+def test_property(name, rope_range, rope_dtype, rope_mode, rope_options, request):
     if _hung:
         pytest.skip(f"the target hung earlier ({_hung[0]})")
+    target = rope_range[1] if rope_mode == "eager" else replace(rope_range[1], mode=rope_mode)
     try:
-        result = run_property(PROPERTIES[name], rope_range[1], rope_dtype, rope_options,
+        result = run_property(PROPERTIES[name], target, rope_dtype, rope_options,
                               reproduce_hint=replay_pytest_command(request.config, name, rope_dtype))
     except TargetHung as exc:
         _hung.append(f"{name}, {rope_dtype}")

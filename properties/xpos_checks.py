@@ -165,6 +165,8 @@ class XposTarget:
     backward: bool = True  # autograd flows through it (the backward property needs it)
     dtypes: tuple = ("float32", "bfloat16", "float16", "float64")  # the dtypes a run may check
     call: str = "qk"  # xPos takes q and k: the qk call form (ropecheck.call_forms)
+    device: str = "cpu"  # where its inputs are made (--device; read by Caller)
+    mode: str = "eager"  # how it is run (--mode; read by Caller)
 
     @property
     def position_step(self) -> int:

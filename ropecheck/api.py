@@ -44,6 +44,7 @@ from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_
                               unusable_dict, verdict_line, write_junit)
 from ropecheck.properties.runner import PROFILES, RunOptions
 from ropecheck.reference import LAYOUTS
+from ropecheck.modes import parse as run_modes_of
 from ropecheck.session import Session, TargetSpec, UnusableTarget, close, default_seed, prepare
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
@@ -142,7 +143,7 @@ def _words(value) -> list:
 
 
 def _spec(target, call, layout, base, rotary_dim, scaling, family, axes, sections, split,
-          mrope_interleaved, scale_base, gamma, max_position, backward, inplace, in_process):
+          mrope_interleaved, scale_base, gamma, max_position, backward, inplace, in_process, device):
     """The TargetSpec or FamilySpec the keywords describe, as ``ropecheck check`` builds it."""
     if call is not None and call not in CALL_FORMS:
         raise ValueError(f"call must be one of {', '.join(CALL_FORMS)}, got {call!r}")
@@ -161,10 +162,10 @@ def _spec(target, call, layout, base, rotary_dim, scaling, family, axes, section
                           None if sections is None else ",".join(map(str, _words(sections))),
                           None if split is None else ",".join(map(str, _words(split))), layout, bases,
                           scale_base, gamma, interleaved=mrope_interleaved or None, max_position=max_position,
-                          in_process=in_process, backward=backward, call=call)
+                          in_process=in_process, backward=backward, call=call, device=device)
     return TargetSpec(target, layout, None if base is None else float(base), rotary_dim, backward=backward,
                       inplace=inplace, scaling=scaling, max_position=max_position, in_process=in_process,
-                      call=call)
+                      call=call, device=device)
 
 
 def _reproduce(target, keywords: dict, seed) -> callable:
@@ -174,8 +175,9 @@ def _reproduce(target, keywords: dict, seed) -> callable:
     given = {k: v for k, v in keywords.items()
              if v is not None and v != defaults.get(k, False) and not (isinstance(v, (list, tuple)) and not v)}
 
-    def call(name: str) -> str:
+    def call(name: str, mode: str = "eager") -> str:
         words = [shown] + [f"{k}={v!r}" for k, v in given.items()] + [f"properties=[{name!r}]"]
+        words += [] if mode == "eager" else [f"modes=[{mode!r}]"]
         return f"ropecheck.check({', '.join(words + ([f'seed={seed}'] if seed is not None else []))})"
 
     return call
@@ -189,7 +191,7 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
           inplace: bool = False, profile: str = "ci", seed: Optional[int] = None,
           max_examples: Optional[int] = None, timeout: float = DEFAULT_TIMEOUT,
           strict_layouts: bool = False, known_failures=None, shipped_known_failures: bool = True,
-          in_process: bool = False) -> Report:
+          in_process: bool = False, device: Optional[str] = None, modes=None) -> Report:
     """Check ``target`` against the RoPE properties; see the module docstring.
 
     target: a Python callable (or ``Target``) in its call form, or a name as ``ropecheck check``
@@ -206,7 +208,11 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
     known_failures: TOML files of known failures, besides ropecheck's shipped ones
         (``shipped_known_failures=False`` leaves those out).
     in_process: call a named target in this process instead of a worker process.
+    device: where the inputs are made ("cpu", "cuda", "cuda:N"; default cpu, or the
+        target's own); a machine without it gives an unusable report saying so.
+    modes: how the target is run, e.g. ["eager", "compile"] (``ropecheck.modes``; default eager).
     """
+    run_modes_of(modes)  # a wrong mode is a ValueError before anything loads
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if max_examples is not None and max_examples < 1:
@@ -214,15 +220,16 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
     here = IN_PROCESS_ASKED if in_process else ("" if is_named(target) or target is None else IN_PROCESS_OBJECT)
     try:
         spec = _spec(target, call, layout, base, rotary_dim, scaling, family, axes, sections, split,
-                     mrope_interleaved, scale_base, gamma, max_position, backward, inplace, bool(here))
+                     mrope_interleaved, scale_base, gamma, max_position, backward, inplace, bool(here), device)
         chosen = spec.properties(_words(properties))
     except FamilyError as exc:
         raise ValueError(str(exc)) from None
     name = spec.name
     known = known_failure_records.load([*((known_failure_records.DEFAULT_FILE,) if shipped_known_failures else ()),
                                         *_words(known_failures)])
+    run_modes = run_modes_of(modes)
     try:
-        prepared = prepare(spec, _words(dtypes), timeout)
+        prepared = prepare(spec, _words(dtypes), timeout, run_modes=run_modes)
     except UnusableTarget as exc:
         return Report(name, "unusable", reason=str(exc), in_process=here)
     seed = seed if seed is not None or profile == "ci" else default_seed()
@@ -232,10 +239,11 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
                     axes=axes, sections=sections, split=split, mrope_interleaved=mrope_interleaved,
                     scale_base=scale_base, gamma=gamma, dtypes=prepared.dtypes, max_position=max_position,
                     backward=backward, inplace=inplace, profile=profile if profile != "ci" else None,
-                    max_examples=max_examples, strict_layouts=strict_layouts, in_process=in_process)
+                    max_examples=max_examples, strict_layouts=strict_layouts, in_process=in_process,
+                    device=device)
     session = Session(prepared.target, prepared.dtypes, chosen, options, known=known, crashes=prepared.crashes,
                       unsupported=prepared.unsupported, range_probe=spec.range_probe(_words(properties)),
-                      reproduce=_reproduce(target, keywords, seed))
+                      reproduce=_reproduce(target, keywords, seed), modes=run_modes)
     try:
         session.run()
     finally:
@@ -248,7 +256,8 @@ def identify(target, *, timeout: float = DEFAULT_TIMEOUT, max_position: int = 2*
     """Infer ``target``'s convention by probing it, as ``ropecheck identify`` does; returns an
     ``Identification``: ``.rotary`` (a rotary embedding at all), ``.options`` (its
     convention as ``check`` keywords), ``.flags`` (as ``ropecheck check`` flags),
-    ``.layout``, ``.base``, ``.rotary_dim``, ``.to_json()``. A name runs in a worker process, a Python object here (as ``check``).
+    ``.layout``, ``.base``, ``.rotary_dim``, ``.to_json()``. A name runs in a worker
+    process, a Python object here (as ``check``).
     Raises ``UnusableTarget`` when the target cannot be loaded or called."""
     from ropecheck.identification import UnusableTarget as Unusable, identify_spec
 

@@ -126,9 +126,9 @@ class InProcess:
         self.state_changes: list = []
 
     def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
-            timeout: Optional[float] = None, form=None) -> Outcome:
+            timeout: Optional[float] = None, form=None, device: str = "cpu", mode: str = "eager") -> Outcome:
         with time_limit(timeout):
-            outcome = self.execution.run(op, args, positions, grads, inplace, form)
+            outcome = self.execution.run(op, args, positions, grads, inplace, form, device, mode)
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         return outcome
 
@@ -184,6 +184,8 @@ class Caller:
         self.timeout = timeout
         self.executor = executor_of(target)
         self.call = getattr(target, "call", "x")
+        self.device = getattr(target, "device", "cpu")  # where the inputs are made (--device)
+        self.mode = getattr(target, "mode", "eager")  # how the target is run (--mode)
         self.case = None
 
     def form(self, x: torch.Tensor, case=None) -> Optional[Form]:
@@ -207,7 +209,7 @@ class Caller:
     def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
         form = self.form(args[0], case)
         outcome = self.executor.run(op, args, positions, grads, getattr(self.target, "inplace", False),
-                                    self.timeout, form=form)
+                                    self.timeout, form=form, device=self.device, mode=self.mode)
         if outcome.error is not None:
             raise CallError(*outcome.error)
         return outcome

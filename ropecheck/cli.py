@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from ropecheck.reference import LAYOUTS
-from ropecheck import known_failures
+from ropecheck import known_failures, modes
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
 from ropecheck.families import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilyError, FamilySpec
@@ -185,6 +185,9 @@ output_option = grouped("Output")
 @target_option("--max-position", type=MAX_POSITION_RANGE,
                help="Declared position range: positions 0 .. N are drawn, shifted into and swept "
                     "(default 2^24 = 16777216; at least 255).")
+@target_option("--device", help="Where the target's inputs are made: cpu, cuda or cuda:N, with their strides "
+                                 "and storage; the float64 reference stays on the host (default: cpu, or "
+                                 "the device the target declares). Exit 2 on a machine without it.")
 @target_option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
 @target_option("--inplace", is_flag=True, help="The target writes its output into x and returns it.")
 @convention_option("--layout", type=click.Choice(LAYOUTS),
@@ -212,6 +215,10 @@ output_option = grouped("Output")
 @run_option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
 @run_option("--dtype", "dtypes", multiple=True,
             help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
+@run_option("--mode", "run_modes", multiple=True,
+            help="How the target is run (repeatable): eager (default), compile (torch.compile, inductor), "
+                 "autocast / autocast-fp16 (under torch.autocast with bf16 / fp16), cudagraph (captured "
+                 "and replayed in a CUDA graph; --device cuda only). Each mode gets its own columns.")
 @run_option("--property", "property_names", multiple=True, help="Run only these properties.")
 @run_option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
 @run_option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
@@ -230,7 +237,7 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
           profile, seed, property_names, max_examples, timeout, strict_layouts, in_process,
           json_path, junit_path, known_paths, no_known_failures, debug, family=None, axes=None,
           sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None,
-          call=None):
+          call=None, device=None, run_modes=()):
     """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
     default: the built-in rotate-half) against the RoPE properties."""
     console = Console(stderr=False, highlight=False)
@@ -244,13 +251,15 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
             spec = FamilySpec(target or "", family or ND_ADAPTERS[target]["family"], axes, sections, split, layout,
                               nd_base or (None if base is None else f"{base:g}"), scale_base, gamma,
                               interleaved=mrope_interleaved or None, max_position=max_position,
-                              in_process=in_process, backward=not no_backward, call=call)
+                              in_process=in_process, backward=not no_backward, call=call, device=device)
         else:
             spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
-                              scaling=scaling, max_position=max_position, in_process=in_process, call=call)
+                              scaling=scaling, max_position=max_position, in_process=in_process, call=call,
+                              device=device)
         properties = spec.properties(property_names)
         known = known_failures.load([*defaults, *known_paths])
-        prepared = prepare(spec, dtypes, timeout, console.print)
+        run_modes = modes.parse(run_modes)
+        prepared = prepare(spec, dtypes, timeout, console.print, run_modes)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
     except FamilyError as exc:
@@ -269,13 +278,15 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
         (["--strict-layouts"] if strict_layouts else [])
     session = Session(built, usable, properties, options, known=known, crashes=prepared.crashes,
                       unsupported=prepared.unsupported, range_probe=spec.range_probe(property_names),
-                      reproduce=_reproduce_command(target, spec, usable, profile, seed, extra))
+                      reproduce=_reproduce_command(target, spec, usable, profile, seed, extra), modes=run_modes)
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
-                  + ("" if built.max_position is None else f", positions 0 .. {built.max_position}"))
+                  + ("" if built.max_position is None else f", positions 0 .. {built.max_position}")
+                  + ("" if getattr(built, "device", "cpu") == "cpu" else f", inputs on {built.device}"))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
-            task = progress.add_task("checking", total=len(usable) * len(session.rows))
+            checks = len(session.rows) + (len(run_modes) - 1) * len(properties)  # the range probe once
+            task = progress.add_task("checking", total=len(usable) * checks)
 
             def advance(result):
                 progress.update(task, advance=1, description=f"{result.property} ({result.dtype})")

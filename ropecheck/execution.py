@@ -4,8 +4,9 @@ boundary.
 
 What happens around the call is the same in both places:
 - the target gets private copies of its tensor arguments, with their strides and storage
-  offsets (a view stays a view), and of the positions; afterwards the copies are compared
-  with the originals (an input written in place is a contract finding);
+  offsets (a view stays a view), and of the positions, made on the call's device
+  (``ropecheck.devices``); afterwards the copies are compared with the originals (an input
+  written in place is a contract finding), and only values come back to the host;
 - process-wide torch state (default dtype, grad mode, default device, random generator)
   is snapshotted before and restored after; a change is recorded, never left in place;
 - an exception (``SystemExit`` included) becomes the outcome's error: the target's
@@ -27,6 +28,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from ropecheck.call_forms import Form, ReturnedWrong
+from ropecheck import modes
+from ropecheck.devices import Placement, to_host
 
 
 @dataclass
@@ -163,6 +166,8 @@ def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     (x,) = args
     if form is None or form.call == "x":
         out = fn(x, positions)
+        if isinstance(out, torch.Tensor) and out.device != x.device:
+            raise ReturnedWrong("device", f"output on {out.device}, input on {x.device}")
         return out, out
     return form.invoke(fn, x, positions)
 
@@ -173,28 +178,36 @@ class Execution:
     def __init__(self, fn: Callable):
         self.fn = fn
         self.watch = _Watch()
+        self.in_modes: dict = {}  # mode -> fn run in it (ropecheck.modes), made once
+
+    def in_mode(self, mode: str) -> Callable:
+        if mode not in self.in_modes:
+            self.in_modes[mode] = modes.wrap(self.fn, mode)
+        return self.in_modes[mode]
 
     def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output):
-        if not torch.equal(pos, positions):
+        if not torch.equal(to_host(pos), positions):
             outcome.violations.append(("mutated", "the target modified its positions argument"))
         (original,), (copy,) = originals, copies
         if inplace:
             if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
                 outcome.violations.append(("inplace", "declared in-place, but the input does "
                                                       "not hold the output"))
-        elif not torch.equal(copy, original):
+        elif not torch.equal(copy := to_host(copy), original):
             outcome.violations.append(("mutated", f"the target modified its input x in place "
                                                   f"({_first_change(original, copy)})"))
 
     def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False,
-             form: Optional[Form] = None) -> Outcome:
-        """y = fn(*args, positions) on private copies, in the target's call form."""
+             form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
+        """y = fn(*args, positions) on private copies made on ``device``, in the target's
+        call form, run in ``mode``."""
         outcome = Outcome()
-        copies = tuple(strided_copy(a) for a in args)
-        pos = positions.clone()
+        place = Placement(device)
+        copies = tuple(place(a) for a in args)
+        pos = place(positions)
         with state_guard(outcome.state_changes):
             try:
-                out, returned = _invoke(self.fn, copies, pos, form)
+                out, returned = _invoke(self.in_mode(mode), copies, pos, form)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -210,17 +223,19 @@ class Execution:
         # the tensors the target returned (its own, for a call form that assembles y)
         self.watch.keep(outcome.outputs if returned is out else _normalise(returned)[0])
         self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
+        outcome.outputs = to_host(outcome.outputs)
         return outcome
 
     def run(self, op: str, args: tuple, positions=None, grads=None, inplace: bool = False,
-            form: Optional[Form] = None) -> Outcome:
+            form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
         """One call: ``op`` is "call" (:meth:`call`), "vjp" (:meth:`vjp`) or "plain"
-        (:meth:`plain`); ``form`` the target's call form (None: x)."""
+        (:meth:`plain`); ``form`` the target's call form (None: x); ``device`` where its
+        tensor inputs are made; ``mode`` how it is run (``ropecheck.modes``)."""
         if op == "vjp":
-            return self.vjp(args, positions, grads, inplace, form)
+            return self.vjp(args, positions, grads, inplace, form, device, mode)
         if op == "plain":
             return self.plain(args)
-        return self.call(args, positions, inplace, form)
+        return self.call(args, positions, inplace, form, device, mode)
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors (a position builder): its result as
@@ -237,20 +252,21 @@ class Execution:
         return outcome
 
     def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False,
-            form: Optional[Form] = None) -> Outcome:
+            form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
         """(y, g): y = fn(x, positions) in the target's call form (``args``: (x,)), and
         g = (dy/dx)^T grad through the target's autograd (None where y does not depend on
         x; ``grads``: (grad,)). The incoming gradient is a private copy laid out as the
         caller's (a broadcast, stride-0 gradient stays one)."""
         (x,), (grad,) = args, grads
         outcome = Outcome()
-        leaf = strided_copy(x.detach()).requires_grad_(True)
+        place = Placement(device)
+        leaf = place(x.detach()).requires_grad_(True)
         arg = leaf.clone() if inplace else leaf
-        private = strided_copy(grad)
+        private = place(grad)
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y, _ = _invoke(self.fn, (arg,), positions.clone(), form)
+                y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -275,9 +291,9 @@ class Execution:
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
-        if not torch.equal(private, grad):
+        if not torch.equal(private := to_host(private), grad):
             outcome.violations.append(("grad-output", f"backward wrote into grad_output "
                                                       f"({_first_change(grad, private)}): the "
                                                       "incoming gradient belongs to the caller"))
-        outcome.outputs = (y_out, None if g is None else g.detach())
+        outcome.outputs = to_host((y_out, None if g is None else g.detach()))
         return outcome

@@ -32,6 +32,7 @@ from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
 from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention, XposTarget
 from ropecheck.reference import nd as ndref
 from ropecheck.adapters.nd_registry import ND_ADAPTERS
+from ropecheck import devices
 from ropecheck.loading import TargetLoadError, is_named, load_callable, load_callable_isolated, target_name
 
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
@@ -54,6 +55,7 @@ class Loaded(NamedTuple):
     executor: object  # its worker, or None (in this process)
     backward: bool
     call: str = "x"  # its call form
+    device: str = "cpu"  # where its inputs are made
 
 
 def parse_ints(text: Optional[str], what: str) -> Optional[list]:
@@ -96,9 +98,11 @@ class FamilySpec:
     in_process: bool = False  # call the target here, not in a worker process
     backward: bool = True  # False: --no-backward (the target has no autograd)
     call: Optional[str] = None  # --call: x, qk or packed for the rotation families, qk for xPos
+    device: Optional[str] = None  # --device: where inputs are made (None: cpu, or the target's own)
 
     def __post_init__(self):
-        for key, value in (ND_ADAPTERS.get(self.target, {}) if is_named(self.target) else {}).items():  # an adapter's declaration
+        declared = ND_ADAPTERS.get(self.target, {}) if is_named(self.target) else {}
+        for key, value in declared.items():  # an adapter's declaration
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.family not in FAMILIES:
@@ -158,7 +162,7 @@ class FamilySpec:
         try:
             return NDTarget(self.name, loaded.fn, n_axes, convs, head_dims, ND_DEFAULT_DTYPES,
                             max_position=loaded.max_position, executor=loaded.executor, backward=loaded.backward,
-                            call=loaded.call)
+                            call=loaded.call, device=loaded.device)
         except ValueError as exc:
             raise FamilyError(str(exc)) from None
 
@@ -166,23 +170,30 @@ class FamilySpec:
         """The callable, the largest position it accepts or None, its executor, and whether
         it has a backward (the target's declaration and --no-backward)."""
         try:
+            devices.require(self.device)
             if self.in_process:
                 fn, declared = load_callable(self.target, rope_signature, self.call)
                 executor = None
             else:
                 fn, declared, executor = load_callable_isolated(self.target, rope_signature, self.call)
-        except TargetLoadError as exc:
+        except (TargetLoadError, ValueError) as exc:
+            raise FamilyError(str(exc)) from None
+        try:
+            device = devices.choose(self.device, declared.devices)
+        except ValueError as exc:
+            if executor is not None:
+                executor.close()
             raise FamilyError(str(exc)) from None
         limits = [n for n in (declared.max_position, self.max_position) if n is not None]
         return Loaded(fn, min(limits) if limits else None, executor, self.backward and declared.backward,
-                      declared.call)
+                      declared.call, device)
 
     def flags(self) -> list:
         words = ["--family", self.family] + (["--call", self.call] if self.call else [])
         for flag, value in (("--axes", self.axes), ("--sections", self.sections), ("--split", self.split),
                             ("--layout", self.layout), ("--base", self.base),
                             ("--scale-base", self.scale_base), ("--gamma", self.gamma),
-                            ("--max-position", self.max_position)):
+                            ("--max-position", self.max_position), ("--device", self.device)):
             if value is not None:
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if self.interleaved:
@@ -209,7 +220,7 @@ class FamilySpec:
         return XposTarget(self.name, loaded.fn, conv,
                           max_position=min(loaded.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION),
                           executor=loaded.executor, backward=loaded.backward,
-                          dtypes=ND_DEFAULT_DTYPES)
+                          dtypes=ND_DEFAULT_DTYPES, device=loaded.device)
 
     def convention(self) -> tuple[int, Optional[ndref.PairRotation], tuple]:
         """(n_axes, reference convention or None, head sizes to draw)."""

@@ -173,6 +173,7 @@ class Declared(NamedTuple):
     max_position: Optional[int] = None  # the largest position (per axis) it accepts
     backward: bool = True  # autograd flows through it
     call: str = "x"  # its call form (ropecheck.call_forms)
+    devices: tuple = ("cpu", "cuda")  # device types it runs on
 
 
 def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
@@ -182,10 +183,10 @@ def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
     ``backward`` (a Target)."""
     if is_named(spec) and (spec in ADAPTERS or spec in BUILTINS):
         target = load(spec, call)
-        return target.fn, Declared(target.max_position, target.backward, target.call)
+        return target.fn, Declared(target.max_position, target.backward, target.call, target.devices)
     obj = resolve(spec)
     declared = Declared(getattr(obj, "max_position", None), bool(getattr(obj, "backward", True)),
-                        call or getattr(obj, "call", "x"))
+                        call or getattr(obj, "call", "x"), tuple(getattr(obj, "devices", ("cpu", "cuda"))))
     obj = getattr(obj, "fn", obj)
     if not callable(obj):
         raise TargetLoadError(f"{target_name(spec)} is not callable")

@@ -53,24 +53,36 @@ def _cell(result) -> str:
     return text
 
 
+def column_label(dtype: str, mode: str = "eager") -> str:
+    """A results column (and a JUnit name's bracket): the dtype, and the mode unless eager."""
+    return dtype if mode == "eager" else f"{dtype} {mode}"
+
+
+def _columns(session) -> list:
+    return getattr(session, "columns", None) or [(d, "eager") for d in session.dtypes]
+
+
 def results_table(session) -> Table:
-    """Rows: properties; columns: dtypes; each cell the verdict and the largest error in
-    tolerance units any input showed (<= 1 passes), the root cause it shares (C1, ...)
-    and * when a support note goes with it."""
+    """Rows: properties; columns: dtypes (and modes); each cell the verdict and the largest
+    error in tolerance units any input showed (<= 1 passes), the root cause it shares (C1,
+    ...) and * when a support note goes with it. The position-range probe runs eagerly,
+    once per dtype."""
     table = Table(title=f"ropecheck: {session.target.name}", title_justify="left")
     table.add_column("property")
-    for dtype in session.dtypes:
-        table.add_column(dtype, justify="right")
-    cells = {(r.property, r.dtype): r for r in session.results}
+    columns = _columns(session)
+    for dtype, mode in columns:
+        table.add_column(column_label(dtype, mode), justify="right")
+    cells = {(r.property, r.dtype, getattr(r, "mode", "eager")): r for r in session.results}
     for name in _rows(session):
         row = [name]
-        for dtype in session.dtypes:
-            r = cells.get((name, dtype))
+        for dtype, mode in columns:
+            r = cells.get((name, dtype, mode)) or (cells.get((name, dtype, "eager")) if name == "position-range"
+                                                   else None)
             row.append(_cell(r) if r else "[dim]-[/]")
         table.add_row(*row)
     horizons = []
-    for dtype in session.dtypes:
-        r = cells.get(("reference", dtype))
+    for dtype, mode in columns:
+        r = cells.get(("reference", dtype, mode))
         acc = (r.accuracy or {}) if r else {}
         h = acc.get("horizon", "-") if "positions" in acc else "-"
         horizons.append("none" if h is None else str(h))
@@ -101,7 +113,8 @@ def print_failures(console: Console, session) -> None:
         if r.status not in ("failed", "error", "known") or getattr(r, "cause", None):
             continue
         colour = "yellow" if r.status == "known" else "bold red"
-        console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({r.dtype}): "
+        where = column_label(r.dtype, r.mode)
+        console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({where}): "
                       f"{escape(r.formula)}", soft_wrap=True)
         _detail(console, "", r.message)
         _detail(console, "likely cause: ", getattr(r, "diagnosis", ""))
@@ -147,9 +160,11 @@ def session_dict(session) -> dict:
         "capabilities": {"backward": getattr(session.target, "backward", False),
                          "inplace": getattr(session.target, "inplace", False),
                          "max_position": getattr(session.target, "max_position", None)},
+        "device": getattr(session.target, "device", "cpu"),
         "profile": session.options.profile,
         "seed": session.options.seed,
         "dtypes": session.dtypes,
+        "modes": list(getattr(session, "modes", ["eager"])),
         "unsupported_dtypes": dict(getattr(session, "unsupported", {})),
         "verdict": session.verdict,
         "exit_status": EXIT_STATUS[session.verdict],
@@ -175,7 +190,8 @@ def write_junit(path: str, session) -> None:
                        time=f"{sum(r.seconds for r in results):.3f}")
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",
-                             name=f"{r.property}[{r.dtype}]", time=f"{r.seconds:.3f}")
+                             name=f"{r.property}[{column_label(r.dtype, r.mode).replace(' ', '-')}]",
+                             time=f"{r.seconds:.3f}")
         if r.status in ("failed", "error"):
             node = ET.SubElement(case, "failure" if r.status == "failed" else "error",
                                  message=r.message[:500])

@@ -17,6 +17,7 @@ from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, r
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
                                probe_position_range, resolve_dtypes, warm_up)
+from ropecheck import modes
 from ropecheck.call_forms import CALL_FORMS
 
 ENGINE_PACKAGES = ("properties", "reference")  # installed as ropecheck.properties, ropecheck.reference
@@ -71,6 +72,10 @@ OPTIONS = (
                "--max-position", int),
     RopeOption("rope_strict_layouts", "a refusal of an exotic memory layout fails instead of being a note", bool),
     RopeOption("rope_in_process", "call the target in pytest's process, not in a worker process", bool),
+    RopeOption("rope_device", "where the inputs are made: cpu, cuda or cuda:N (default: cpu, or the "
+               "target's own), as ropecheck check --device"),
+    RopeOption("rope_mode", "how the target is run: eager, compile, autocast, autocast-fp16, cudagraph; "
+               "repeat or comma-separate (default eager), as ropecheck check --mode", list),
     RopeOption("rope_call", "the target's call form, as ropecheck check --call (default: what the target "
                "declares, else x)", choices=tuple(CALL_FORMS)),
 )
@@ -126,7 +131,7 @@ def _spec(config) -> TargetSpec:
                       get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
                       inplace=get("--rope-inplace"), scaling=get("--rope-scaling"),
                       max_position=get("--rope-max-position"), in_process=get("--rope-in-process"),
-                      call=get("--rope-call"))
+                      call=get("--rope-call"), device=get("--rope-device"))
 
 
 def _target(config):
@@ -150,6 +155,9 @@ def pytest_generate_tests(metafunc):
     # the target's name in every test's name, so JUnit records and -k can tell targets apart
     name = short_name(_spec(config).name)
     metafunc.parametrize("rope_dtype", dtypes, ids=[f"{name}-{dtype}" for dtype in dtypes])
+    run_modes = modes.parse(config.getoption("--rope-mode"))
+    if "rope_mode" in metafunc.fixturenames and run_modes != ["eager"]:
+        metafunc.parametrize("rope_mode", run_modes)
 
 
 def short_name(name: str) -> str:
@@ -185,7 +193,7 @@ def suite_path() -> Path:
     return Path(properties.__file__).with_name("test_properties.py")
 
 
-def _add_suite(config) -> None:
+def _add_suite(config) -> bool:
     """A run with a target and no paths on its command line (plain ``pytest`` in a project
     whose ini file sets rope_target) collects the property suite besides its own tests.
     Its folder is the collection root, so test ids and JUnit class names read
@@ -194,6 +202,8 @@ def _add_suite(config) -> None:
         folder = str(suite_path().parent)
         if folder not in config.args:
             config.args.append(folder)
+        return True
+    return False
 
 
 def pytest_collect_file(file_path, parent):
@@ -206,7 +216,7 @@ def pytest_collect_file(file_path, parent):
 
 def pytest_configure(config):
     """Settle the options (flag, else ini, else default); fail fast, as a usage error, on a
-    target given on the command line that cannot be loaded; pick a random seed unless one
+    target that cannot be loaded, given on the command line or whose suite joins the run; pick a random seed unless one
     is given (ci is derandomized), so every run can be replayed (xdist's workers get the
     controller's options, its seed included)."""
     old = _old_spelling(config)
@@ -220,14 +230,19 @@ def pytest_configure(config):
     position_range = config.getoption("--rope-max-position")
     if position_range is not None and not 255 <= position_range <= 2**24:
         raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
-    if from_command_line and not hasattr(config, "workerinput"):
+    try:
+        run_modes = modes.parse(config.getoption("--rope-mode"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"ropecheck: {exc}") from None
+    added = _add_suite(config)
+    if (from_command_line or added) and not hasattr(config, "workerinput"):
         try:
-            _target(config)
-        except UnusableTarget as exc:
+            target = _target(config)
+            modes.require(run_modes, target.device)
+        except (UnusableTarget, ValueError) as exc:
             raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
     if config.getoption("--rope-seed") is None and config.getoption("--rope-profile") != "ci":
         config.option.rope_seed = default_seed()
-    _add_suite(config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -264,6 +279,12 @@ def rope_warm_up(request, rope_target, rope_options) -> dict:
     """Smoke calls in every dtype, lowest precision first, once per session."""
     dtypes, _ = resolve_dtypes(request.config.getoption("--rope-dtype"), rope_target)
     return warm_up(rope_target, dtypes, rope_options.timeout)
+
+
+@pytest.fixture
+def rope_mode() -> str:
+    """How the target is run (``ropecheck.modes``): eager, unless --rope-mode parametrizes it."""
+    return "eager"
 
 
 @pytest.fixture

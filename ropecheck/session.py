@@ -18,7 +18,7 @@ from ropecheck.properties.checks import ONE_D
 from ropecheck.properties.property import Property, smoke_call as family_smoke_call
 from ropecheck.properties.runner import Result, RunOptions, run_property, selected_properties, wants_range_probe
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
-from ropecheck import known_failures
+from ropecheck import devices, known_failures, modes
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
@@ -44,6 +44,7 @@ class TargetSpec:
     max_position: Optional[int] = None  # the declared position range [0, N] (--max-position)
     in_process: bool = False  # call the target in this process, not in a worker
     call: Optional[str] = None  # the call form (--call); None: what the target declares
+    device: Optional[str] = None  # where inputs are made (--device); None: cpu, or the target's own
 
     @property
     def name(self) -> str:
@@ -71,7 +72,8 @@ class TargetSpec:
         """The command-line flags that declare this spec (a reproduce line's)."""
         words = ["--call", self.call] if self.call else []
         for flag, value in (("--layout", self.layout), ("--base", self.base), ("--rotary-dim", self.rotary_dim),
-                            ("--scaling", self.scaling), ("--max-position", self.max_position)):
+                            ("--scaling", self.scaling), ("--max-position", self.max_position),
+                            ("--device", self.device)):
             if value:
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         return words + [flag for flag, on in (("--no-backward", not self.backward), ("--inplace", self.inplace),
@@ -80,6 +82,7 @@ class TargetSpec:
     def build(self) -> Target:
         """Load the target and attach the declared convention and capabilities."""
         try:
+            devices.require(self.device)
             scaling = None if self.scaling is None else parse_scaling(self.scaling)
             options = {k: v for k, v in (("base", self.base), ("rotary_dim", self.rotary_dim),
                                          ("layout", self.layout), ("scaling", scaling))
@@ -101,7 +104,13 @@ class TargetSpec:
             raise UnusableTarget(str(exc)) from None
         rotary_dim = self.rotary_dim or target.rotary_dim
         declared = [n for n in (target.max_position, self.max_position) if n is not None]
-        return target.with_(convention=convention, rotary_dim=rotary_dim,
+        try:
+            device = devices.choose(self.device, target.devices)
+            devices.require(device)
+        except ValueError as exc:
+            target.executor_close()
+            raise UnusableTarget(str(exc)) from None
+        return target.with_(convention=convention, rotary_dim=rotary_dim, device=device,
                             backward=self.backward and target.backward,
                             inplace=self.inplace or target.inplace,
                             max_position=min(declared) if declared else None)
@@ -152,14 +161,17 @@ class Prepared(NamedTuple):
     crashes: dict  # dtype -> the crash of its smallest call
 
 
-def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[str], None] = lambda line: None) -> Prepared:
+def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[str], None] = lambda line: None,
+            run_modes=("eager",)) -> Prepared:
     """Build ``spec``'s target (a TargetSpec or a FamilySpec) and warm it up in the requested
     dtypes (default: the target's). ``notify`` gets the header line and each dtype skipped.
-    Raises ValueError for a bad dtype name (before anything loads), UnusableTarget (exit 2)
-    when the target cannot be loaded, cannot be called in a dtype asked for by name, or in
-    any dtype; the target's worker is closed then."""
+    Raises ValueError for a bad dtype or mode name (before anything loads), UnusableTarget
+    (exit 2) when the target cannot be loaded, cannot be run in a mode asked for (on its
+    device), cannot be called in a dtype asked for by name, or in any dtype; the target's
+    worker is closed then."""
     if dtypes:
         resolve_dtypes(dtypes, None)
+    run_modes = modes.parse(run_modes)
     try:
         built = spec.build()
     except UnusableTarget as exc:
@@ -167,6 +179,12 @@ def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[
     except ValueError as exc:  # a FamilyError: bad family flags or an unloadable target
         raise UnusableTarget(str(exc)) from None
     try:
+        if run_modes != ["eager"] and not hasattr(built, "mode"):
+            raise UnusableTarget(f"--mode {' '.join(run_modes)}: {spec.name!r} takes no tensors to run in a mode")
+        try:
+            modes.require(run_modes, getattr(built, "device", "cpu"))
+        except ValueError as exc:
+            raise UnusableTarget(str(exc)) from None
         dtype_list, explicit = resolve_dtypes(dtypes, built)
         notify(spec.header(built))
         crashes: dict = {}
@@ -239,17 +257,23 @@ class Session:
     unsupported: dict = field(default_factory=dict)  # dtype -> why it cannot be called
     causes: list = field(default_factory=list)  # root causes shared by several failures
     range_probe: bool = True  # probe the accepted position range first
+    modes: list = field(default_factory=lambda: ["eager"])  # how the target is run (--mode)
 
     @property
     def rows(self) -> list[str]:
         """The table's rows: the position-range probe, then the properties."""
         return (["position-range"] if self.range_probe else []) + [p.name for p in self.properties]
 
-    def reproduce_check(self, name: str) -> str:
-        """How to rerun the check ``name`` alone."""
+    @property
+    def columns(self) -> list[tuple[str, str]]:
+        """The table's columns: (dtype, mode), each dtype's modes side by side."""
+        return [(dtype, mode) for dtype in self.dtypes for mode in self.modes]
+
+    def reproduce_check(self, name: str, mode: str = "eager") -> str:
+        """How to rerun the check ``name`` alone (in ``mode``)."""
         if callable(self.reproduce):
-            return self.reproduce(name)
-        return f"{self.reproduce} --property {name}"
+            return self.reproduce(name, mode)
+        return f"{self.reproduce} --property {name}" + ("" if mode == "eager" else f" --mode {mode}")
 
     def _record(self, result: Result, on_result) -> None:
         result = known_failures.apply(self.target.name, [result], self.known)[0]
@@ -258,34 +282,39 @@ class Session:
 
     def _run_dtype(self, dtype: str, on_result) -> None:
         if dtype in self.crashes:  # its smallest call crashes: every property would
-            for prop in self.properties:
-                crashed = Result(prop.name, dtype, "failed", prop.formula,
-                                 message=self.crashes[dtype].split("\n")[0],
-                                 counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1])
-                crashed.signature = f"crashed: {crashed.message}"
-                self._record(crashed, on_result)
+            for mode in self.modes:
+                for prop in self.properties:
+                    crashed = Result(prop.name, dtype, "failed", prop.formula,
+                                     message=self.crashes[dtype].split("\n")[0],
+                                     counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1])
+                    crashed.signature, crashed.mode = f"crashed: {crashed.message}", mode
+                    self._record(crashed, on_result)
             return
         target = self.target
         if self.range_probe:
+            self._running = ("position-range", position_range.FORMULA, "eager")
             found, target = probe_position_range(target, dtype, self.options,
                                                  self.reproduce_check("position-range"))
             self._record(found, on_result)
-        for prop in self.properties:
-            result = run_property(prop, target, dtype, self.options,
-                                  reproduce_hint=self.reproduce_check(prop.name))
-            self._record(result, on_result)
+        for mode in self.modes:
+            run_in = target if mode == "eager" else replace(target, mode=mode)
+            for prop in self.properties:
+                self._running = (prop.name, prop.formula, mode)
+                result = run_property(prop, run_in, dtype, self.options,
+                                      reproduce_hint=self.reproduce_check(prop.name, mode))
+                result.mode = mode
+                self._record(result, on_result)
 
     def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
         for dtype in self.dtypes:
+            self._running = (self.rows[0], position_range.FORMULA, "eager")
             try:
                 self._run_dtype(dtype, on_result)
             except TargetHung as exc:
-                done = {(r.property, r.dtype) for r in self.results}
-                name = next(n for n in self.rows if (n, dtype) not in done)
-                formula = next((p.formula for p in self.properties if p.name == name), position_range.FORMULA)
+                name, formula, mode = self._running
                 hung = Result(name, dtype, "failed", formula, message=f"{exc}; the run was stopped here",
-                              counterexample=getattr(exc, "case", ""))
-                self.stopped = f"the target hung in {name} ({dtype})"
+                              counterexample=getattr(exc, "case", ""), mode=mode)
+                self.stopped = f"the target hung in {name} ({dtype}{'' if mode == 'eager' else ', ' + mode})"
                 self._record(hung, on_result)
                 break
         self.causes = group_causes(self.results)
@@ -297,6 +326,11 @@ class Session:
         if "error" in statuses:
             return "error"
         return "failed" if "failed" in statuses else "passed"
+
+
+def _where(result: Result) -> str:
+    """A result's dtype, and its mode unless eager ("bfloat16 compile")."""
+    return result.dtype if result.mode == "eager" else f"{result.dtype} {result.mode}"
 
 
 def group_causes(results: list[Result]) -> list[dict]:
@@ -319,9 +353,9 @@ def group_causes(results: list[Result]) -> list[dict]:
         causes.append({"id": cause, "message": first.message, "diagnosis": first.diagnosis,
                        "counterexample": first.counterexample, "reproduce": first.reproduce,
                        "properties": list(dict.fromkeys(r.property for r in members)),
-                       "dtypes": list(dict.fromkeys(r.dtype for r in members)),
+                       "dtypes": list(dict.fromkeys(_where(r) for r in members)),
                        # one input failing several checks: what each of them saw
-                       "also": [{"property": r.property, "dtype": r.dtype, "message": r.message}
+                       "also": [{"property": r.property, "dtype": _where(r), "message": r.message}
                                 for r in members[1:] if same_input and r.message != first.message]})
     return causes
 

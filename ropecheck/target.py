@@ -114,6 +114,11 @@ class Target:
     k_optional: bool = False  # qk: accepts k=None
     # positions are offset + arange(seq) in every row (an API taking per-row offsets)
     row_offsets: bool = False
+    # device types it runs on (an adapter's record, Target(devices=...)); the checks make
+    # its inputs on ``device`` (--device), which must be one of them
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    device: str = "cpu"
+    mode: str = "eager"  # how the checks run it (--mode, ropecheck.modes)
     # where calls run: a ropecheck.worker.Worker, or None for this process
     executor: Any = field(default=None, compare=False, repr=False)
 

@@ -161,8 +161,8 @@ def serve(fd: int, crash_log: str) -> None:
                 reply(("error", str(exc) if type(exc).__name__ == "TargetLoadError" else
                        f"loading the target failed: {describe_exception(exc)}"))
         elif kind == "call":
-            _, op, args, positions, grads, inplace, form = message
-            outcome = execution.run(op, args, positions, grads, inplace, form)
+            _, op, args, positions, grads, inplace, form, device, mode = message
+            outcome = execution.run(op, args, positions, grads, inplace, form, device, mode)
             poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
             if poisoned:
                 outcome.error = ("crashed", f"{outcome.error[1]}: a CUDA error that poisons the "
@@ -307,14 +307,14 @@ class Worker:
         self.current = self.standby = None
 
     def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
-            timeout: Optional[float] = None, form=None) -> Outcome:
+            timeout: Optional[float] = None, form=None, device: str = "cpu", mode: str = "eager") -> Outcome:
         """One call in the worker (a new one first if a crash or hang stopped the last)."""
         if not self.alive:
             try:
                 self.start()
             except WorkerError as exc:
                 return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
-        self.current.conn.send_bytes(dumps(("call", op, args, positions, grads, inplace, form)))
+        self.current.conn.send_bytes(dumps(("call", op, args, positions, grads, inplace, form, device, mode)))
         reply = self.current.receive(timeout, during="during the call")
         if reply[0] == "error":
             return Outcome(error=("type", reply[1]))

@@ -444,11 +444,11 @@ def test_junit_report_of_a_passing_target(tmp_path):
 # --- check --help and --call -------------------------------------------------------------
 
 HELP_GROUPS = {
-    "Target": ("TARGET", "--call", "--in-process", "--max-position", "--no-backward", "--inplace"),
+    "Target": ("TARGET", "--call", "--in-process", "--max-position", "--device", "--no-backward", "--inplace"),
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
                "--scale-base", "--gamma"),
-    "Run": ("--profile", "--seed", "--dtype", "--property", "--max-examples", "--timeout",
+    "Run": ("--profile", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),
 }

@@ -19,8 +19,8 @@ FRONT_DOORS = ("ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "
 
 # ropecheck's modules that are front doors or serve only them (matched against the file's
 # path below ropecheck/, with fnmatch-style patterns); everything else in ropecheck/ is core
-FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "report*.py", "identify*.py", "identification.py", "api.py", "families.py", "output.py",
-                    "session.py", "catalog.py", "__main__.py", "figures.py")
+FRONT_DOOR_FILES = ("cli.py", "pytest_plugin.py", "api.py", "report*.py", "identify*.py", "identification.py",
+                    "families.py", "output.py", "session.py", "catalog.py", "__main__.py", "figures.py")
 
 
 def module_name(path: Path) -> str:
@@ -67,9 +67,11 @@ def core_files() -> list[Path]:
 
 def test_core_modules_are_found():
     names = {module_name(p) for p in core_files()}
-    assert {"ropecheck.properties.runner", "ropecheck.properties.test_properties", "ropecheck.reference.rope", "ropecheck.target",
-            "ropecheck.calling", "ropecheck.adapters.hf", "ropecheck.kernels.rope"} <= names
-    assert not names & {"ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.report", "ropecheck.report_plots",
+    assert {"ropecheck.properties.runner", "ropecheck.properties.test_properties", "ropecheck.reference.rope",
+            "ropecheck.target", "ropecheck.calling", "ropecheck.devices", "ropecheck.modes", "ropecheck.adapters.hf",
+            "ropecheck.kernels.rope"} <= names
+    assert not names & {"ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.api", "ropecheck.report",
+                        "ropecheck.report_plots",
                         "ropecheck.identification", "ropecheck.identify_output", "ropecheck.families", "ropecheck.session"}
 
 

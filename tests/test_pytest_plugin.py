@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import textwrap
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -235,3 +236,13 @@ def test_xdist_gives_the_same_verdicts(pytester):
     header = re.search(r"ropecheck: target flipped.py:rope, profile dev, seed (\d+)", result.stdout.str())
     assert header, result.stdout.str()
     assert set(re.findall(r"--rope-seed=(\d+)", result.stdout.str())) == {header.group(1)}
+
+
+def test_rope_mode_parametrizes_the_suite(pytester):
+    """--rope-mode eager,autocast: each test once per mode, the mode in its name; a kernel whose
+    angles come from a matmul fails under autocast only."""
+    pytester.makepyfile(kernel=(Path(__file__).with_name("mode_kernels.py")).read_text())
+    result = run(pytester, "--rope-target", "kernel.py:matmul_angles", "--rope-layout", "half",
+                 "--rope-mode", "eager,autocast", "-k", "reference")
+    result.assert_outcomes(passed=1, failed=1, deselected=2 * (N_TESTS - 1) - 1)
+    result.stdout.fnmatch_lines(["FAILED *test_property?kernel.py:matmul_angles-float32-autocast-reference?*"])

@@ -63,7 +63,7 @@ class Adapter:
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
                       max_position=self.max_position, call=self.call,
-                      k_optional=self.k_optional, row_offsets=self.row_offsets)
+                      k_optional=self.k_optional, row_offsets=self.row_offsets, devices=self.devices)
 
 
 def _importable(name: str) -> bool:

@@ -1,0 +1,134 @@
+"""--device: inputs made on the device with their host layout (sizes, strides, storage
+offset, shared storages), only values back, and a clear exit 2 where the device is missing.
+CI has no GPU: the plumbing is tested on cpu and, for layouts, on the meta device; on a
+machine with CUDA the tests marked for it run the same paths there."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+import ropecheck
+from ropecheck import devices
+from ropecheck.execution import Execution
+from tests.test_cli import FP32, check
+
+pytest_plugins = ["pytester"]
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+no_cuda = pytest.mark.skipif(HAS_CUDA, reason="this machine has a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"] + (["cuda"] if HAS_CUDA else []))
+def test_placement_keeps_the_host_layout_and_shared_storage(device):
+    qkv = torch.randn(2, 5, 8, 16)
+    q, k = qkv[:, :, :4], qkv[:, :, 4:6].transpose(1, 2)  # q and k: views of one fused storage
+    place = devices.Placement(device)
+    on_q, on_k = place(q), place(k)
+    assert on_q.device.type == device and on_k.device.type == device
+    for here, there in ((q, on_q), (k, on_k)):
+        assert (there.shape, there.stride(), there.storage_offset()) == (here.shape, here.stride(),
+                                                                          here.storage_offset())
+    assert on_q.untyped_storage().nbytes() == qkv.untyped_storage().nbytes()
+    if device != "meta":
+        assert on_q.untyped_storage().data_ptr() == on_k.untyped_storage().data_ptr()  # still one storage
+        assert torch.equal(on_q.cpu(), q) and torch.equal(on_k.cpu(), k)
+        on_q.zero_()  # a private copy: the host tensor is untouched
+        assert qkv.abs().sum() > 0
+
+
+@pytest.mark.parametrize("given, canonical", [("cpu", "cpu"), ("CPU", "cpu"), ("cuda", "cuda:0"),
+                                              ("cuda:1", "cuda:1")])
+def test_device_names(given, canonical):
+    assert devices.parse(given) == canonical
+
+
+@pytest.mark.parametrize("given", ["tpu", "meta", "cuda:x", ""])
+def test_bad_device_names(given):
+    with pytest.raises(ValueError, match="--device must be cpu, cuda or cuda:N"):
+        devices.parse(given)
+
+
+def test_the_device_a_target_runs_on():
+    assert devices.choose(None, ("cpu", "cuda")) == "cpu"
+    assert devices.choose(None, ("cuda",)) == "cuda:0"  # a CUDA-only kernel: its own device
+    assert devices.choose("cuda:1", ("cpu", "cuda")) == "cuda:1"
+    with pytest.raises(ValueError, match="runs on cuda only"):
+        devices.choose("cpu", ("cuda",))
+
+
+def test_the_call_sees_the_device_tensor_and_values_come_back():
+    seen = {}
+
+    def rope(x, positions):
+        seen.update(device=x.device, stride=x.stride(), positions=positions.device)
+        return x * 2
+
+    x = torch.randn(2, 6, 3, 8).transpose(1, 2)  # a transposed view
+    outcome = Execution(rope).run("call", (x,), torch.zeros(2, 3, dtype=torch.int64), device="cpu")
+    assert seen == {"device": torch.device("cpu"), "stride": x.stride(), "positions": torch.device("cpu")}
+    assert outcome.error is None and torch.equal(outcome.outputs, x * 2)
+
+
+def test_an_output_on_another_device_is_a_contract_finding():
+    outcome = Execution(lambda x, positions: x.to("meta")).run(
+        "call", (torch.randn(1, 2, 1, 8),), torch.zeros(1, 2, dtype=torch.int64))
+    assert outcome.error == ("device", "output on meta, input on cpu")
+
+
+@no_cuda
+def test_a_missing_device_is_exit_2_with_the_reason(tmp_path):
+    record = tmp_path / "r.json"
+    result = check("rotate-half", "--device", "cuda", *FP32, "--json", str(record))
+    assert result.exit_code == 2, result.output
+    assert "--device cuda:0: no CUDA device here" in result.output
+    assert "torch.cuda.is_available() is False" in json.loads(record.read_text())["reason"]
+    report = ropecheck.check("rotate-half", device="cuda", dtypes=["float32"])
+    assert report.verdict == "unusable" and "no CUDA device here" in report.summary()
+    family = check("llama-complex", "--family", "axial", "--axes", "1", "--layout", "interleaved",
+                   "--device", "cuda:0", *FP32)
+    assert family.exit_code == 2 and "no CUDA device here" in family.output
+
+
+def test_a_target_declaring_cuda_only(tmp_path):
+    kernel = tmp_path / "cuda_kernel.py"
+    kernel.write_text(textwrap.dedent('''
+        from ropecheck.builtins import make_rotate_half
+        from ropecheck.target import Convention, Target
+
+        rope = Target("cuda-kernel", make_rotate_half(), Convention("half"), devices=("cuda",))
+    '''))
+    result = check(f"{kernel}:rope", "--device", "cpu", *FP32)
+    assert result.exit_code == 2
+    assert "runs on cuda only" in result.output
+    if not HAS_CUDA:  # its own device, which this machine lacks
+        result = check(f"{kernel}:rope", *FP32)
+        assert result.exit_code == 2 and "no CUDA device here" in result.output
+
+
+def test_cpu_by_name_gives_the_default_verdict(tmp_path):
+    record = tmp_path / "r.json"
+    result = check("rotate-half", "--device", "cpu", *FP32, "--property", "reference", "--json", str(record))
+    assert result.exit_code == 0, result.output
+    assert json.loads(record.read_text())["device"] == "cpu"
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ["rotate-half", "llama-complex"])
+def test_builtins_pass_on_cuda(name):
+    result = check(name, "--device", "cuda", *FP32, "--profile", "ci")
+    assert result.exit_code == 0, result.output
+    assert "inputs on cuda:0" in result.output
+
+
+@no_cuda
+def test_pytest_without_the_device_is_a_usage_error(pytester):
+    pytester.makefile(".toml", pyproject='[tool.pytest.ini_options]\nrope_target = "rotate-half"\n'
+                                         'rope_device = "cuda"\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--device cuda:0: no CUDA device here" in result.stderr.str()

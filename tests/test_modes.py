@@ -1,0 +1,92 @@
+"""--mode: a kernel right in eager and wrong under torch.compile or torch.autocast fails that
+mode alone, named in the table, the failure and the reproduce line; a correct kernel
+passes every mode. CUDA graphs need a GPU: here only their refusal is tested."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import ropecheck
+from ropecheck import modes
+from tests.test_cli import FP32, check
+
+KERNELS = str(Path(__file__).with_name("mode_kernels.py"))
+QUICK = ("--layout", "half", *FP32, "--property", "reference", "--max-examples", "3", "--profile", "ci")
+
+
+def run(tmp_path, name: str, *run_modes: str):
+    record = tmp_path / f"{name}.json"
+    result = check(f"{KERNELS}:{name}", *QUICK, *[w for m in run_modes for w in ("--mode", m)],
+                   "--json", str(record))
+    return result, json.loads(record.read_text())
+
+
+def verdicts(record: dict) -> dict:
+    return {r["mode"]: r["status"] for r in record["results"] if r["property"] == "reference"}
+
+
+def test_mode_names():
+    assert modes.parse(()) == ["eager"]
+    assert modes.parse(["eager,compile", "autocast", "compile"]) == ["eager", "compile", "autocast"]
+    with pytest.raises(ValueError, match="unknown --mode fast"):
+        modes.parse(["fast"])
+
+
+def test_a_correct_kernel_passes_every_mode(tmp_path):
+    result, record = run(tmp_path, "correct", "eager", "compile", "autocast", "autocast-fp16")
+    assert result.exit_code == 0, result.output
+    assert verdicts(record) == dict.fromkeys(("eager", "compile", "autocast", "autocast-fp16"), "passed")
+    assert record["modes"] == ["eager", "compile", "autocast", "autocast-fp16"]
+    assert "float32 compile" in result.output and "float32 autocast" in result.output  # its columns
+
+
+def test_angles_from_a_matmul_fail_under_autocast_only(tmp_path):
+    result, record = run(tmp_path, "matmul_angles", "eager", "autocast")
+    assert result.exit_code == 1, result.output
+    assert verdicts(record) == {"eager": "passed", "autocast": "failed"}
+    assert "FAILED reference (float32 autocast)" in result.output
+    failed = next(r for r in record["results"] if r["status"] == "failed")
+    assert failed["reproduce"].split("  (in Python")[0].endswith("--property reference --mode autocast")
+
+
+def test_a_compile_only_branch_fails_under_compile_only(tmp_path):
+    result, record = run(tmp_path, "compile_branch", "eager", "compile")
+    assert result.exit_code == 1, result.output
+    assert verdicts(record) == {"eager": "passed", "compile": "failed"}
+    assert "--mode compile" in next(r for r in record["results"] if r["status"] == "failed")["reproduce"]
+
+
+def test_junit_names_carry_the_mode(tmp_path):
+    junit = tmp_path / "r.xml"
+    result = check(f"{KERNELS}:matmul_angles", *QUICK, "--mode", "eager", "--mode", "autocast",
+                   "--junit", str(junit))
+    assert result.exit_code == 1
+    text = junit.read_text()
+    assert 'name="reference[float32]"' in text and 'name="reference[float32-autocast]"' in text
+
+
+def test_the_api_takes_modes_and_reproduces_them():
+    from tests import mode_kernels
+
+    report = ropecheck.check(mode_kernels.matmul_angles, layout="half", dtypes=["float32"],
+                             properties=["reference"], max_examples=3, modes=["eager", "autocast"])
+    assert not report.passed
+    (failed,) = report.failures
+    assert failed.mode == "autocast" and "modes=['autocast']" in failed.reproduce
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cudagraph_needs_a_cuda_device(tmp_path):
+    result = check("rotate-half", *FP32, "--mode", "cudagraph")
+    assert result.exit_code == 2
+    assert "--mode cudagraph needs --device cuda" in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_correct_kernel_passes_in_a_cuda_graph(tmp_path):
+    result = check(f"{KERNELS}:correct", *QUICK, "--device", "cuda", "--mode", "eager", "--mode", "cudagraph")
+    assert result.exit_code == 0, result.output
