@@ -18,8 +18,9 @@ failures and records; each keyword is a flag of ``ropecheck check`` (``--rotary-
 - a *Python object*, a function, a lambda, a closure or a ``Target``, is called in this
   process (``Report.in_process`` says so): a worker is a fresh interpreter, and a lambda or a
   closure cannot be sent to one (it has no importable name, and its captured state would
-  not come along). A call that outlives ``timeout`` is still interrupted, and reported as a
-  hang; a crash in native code (a segfault) ends this process. Pass the name instead to
+  not come along). A call that outlives ``timeout`` in Python code is interrupted and
+  reported as a hang; a crash (a segfault) or a hang inside native code ends this process
+  (``ropecheck.calling``'s watchdog, as with ``--in-process``). Pass the name instead to
   isolate it.
 
 Wrong arguments raise ``ValueError``; a target that cannot be loaded or called gives a
