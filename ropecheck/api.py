@@ -39,15 +39,13 @@ from rich.console import Console
 from ropecheck import known_failures as known_failure_records
 from ropecheck.call_forms import CALL_FORMS
 from ropecheck.calling import DEFAULT_TIMEOUT
-from ropecheck.families import FAMILIES, FamilyError, FamilySpec
+from ropecheck.families import FAMILIES, FamilyError
 from ropecheck.loading import is_named
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, session_dict,
                               unusable_dict, verdict_line, write_junit)
 from ropecheck.properties.runner import PROFILES, RunOptions
 from ropecheck.reference import LAYOUTS
-from ropecheck.modes import parse as run_modes_of
-from ropecheck.session import Session, TargetSpec, UnusableTarget, close, default_seed, prepare
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
+from ropecheck.session import Session, UnusableTarget, close, prepare, run_seed, spec_for
 
 IN_PROCESS_OBJECT = ("it is a Python object, and a worker process cannot receive a lambda or a closure; "
                      "pass 'path/to/file.py:func' to isolate it in one")
@@ -145,7 +143,8 @@ def _words(value) -> list:
 
 def _spec(target, call, layout, base, rotary_dim, scaling, family, axes, sections, split,
           mrope_interleaved, scale_base, gamma, max_position, backward, inplace, in_process, device):
-    """The TargetSpec or FamilySpec the keywords describe, as ``ropecheck check`` builds it."""
+    """The TargetSpec or FamilySpec the keywords describe (``session.spec_for``, as
+    ``ropecheck check`` builds it), after the checks click makes for the CLI."""
     if call is not None and call not in CALL_FORMS:
         raise ValueError(f"call must be one of {', '.join(CALL_FORMS)}, got {call!r}")
     if layout is not None and layout not in LAYOUTS:
@@ -156,17 +155,10 @@ def _spec(target, call, layout, base, rotary_dim, scaling, family, axes, section
         scaling = json.dumps(scaling)
     if family is not None and family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
-    if family or (is_named(target) and target in ND_ADAPTERS):
-        per_axis = base if isinstance(base, (list, tuple)) else [base]
-        bases = None if base is None else ",".join(f"{float(b):g}" for b in per_axis)
-        return FamilySpec(target or "", family or ND_ADAPTERS[target]["family"], axes,
-                          None if sections is None else ",".join(map(str, _words(sections))),
-                          None if split is None else ",".join(map(str, _words(split))), layout, bases,
-                          scale_base, gamma, interleaved=mrope_interleaved or None, max_position=max_position,
-                          in_process=in_process, backward=backward, call=call, device=device)
-    return TargetSpec(target, layout, None if base is None else float(base), rotary_dim, backward=backward,
-                      inplace=inplace, scaling=scaling, max_position=max_position, in_process=in_process,
-                      call=call, device=device)
+    return spec_for(target, family, layout=layout, base=base, rotary_dim=rotary_dim, scaling=scaling, axes=axes,
+                    sections=sections, split=split, mrope_interleaved=mrope_interleaved, scale_base=scale_base,
+                    gamma=gamma, max_position=max_position, backward=backward, inplace=inplace,
+                    in_process=in_process, call=call, device=device)
 
 
 def _reproduce(target, keywords: dict, seed) -> callable:
@@ -213,7 +205,6 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
         target's own); a machine without it gives an unusable report saying so.
     modes: how the target is run, e.g. ["eager", "compile"] (``ropecheck.modes``; default eager).
     """
-    run_modes_of(modes)  # a wrong mode is a ValueError before anything loads
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if max_examples is not None and max_examples < 1:
@@ -228,12 +219,11 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
     name = spec.name
     known = known_failure_records.load([*((known_failure_records.DEFAULT_FILE,) if shipped_known_failures else ()),
                                         *_words(known_failures)])
-    run_modes = run_modes_of(modes)
     try:
-        prepared = prepare(spec, _words(dtypes), timeout, run_modes=run_modes)
+        prepared = prepare(spec, _words(dtypes), timeout, run_modes=modes)
     except UnusableTarget as exc:
         return Report(name, "unusable", reason=str(exc), in_process=here)
-    seed = seed if seed is not None or profile == "ci" else default_seed()
+    seed = run_seed(seed, profile)
     options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
                          strict_layouts=strict_layouts)
     keywords = dict(call=call, layout=layout, base=base, rotary_dim=rotary_dim, scaling=scaling, family=family,
@@ -244,7 +234,7 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
                     device=device)
     session = Session(prepared.target, prepared.dtypes, chosen, options, known=known, crashes=prepared.crashes,
                       unsupported=prepared.unsupported, range_probe=spec.range_probe(_words(properties)),
-                      reproduce=_reproduce(target, keywords, seed), modes=run_modes)
+                      reproduce=_reproduce(target, keywords, seed), modes=prepared.modes)
     try:
         session.run()
     finally:

@@ -18,13 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
 from ropecheck.reference import LAYOUTS
-from ropecheck import known_failures, modes
+from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
-from ropecheck.families import FAMILIES as ND_FAMILIES, ND_ADAPTERS, FamilyError, FamilySpec
+from ropecheck.families import FAMILIES as ND_FAMILIES, FamilyError
 from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
                               write_json, write_junit, write_unusable)
-from ropecheck.session import Session, TargetSpec, UnusableTarget, default_seed, prepare, resolve_dtypes
+from ropecheck.session import Session, UnusableTarget, prepare, resolve_dtypes, run_seed, spec_for
 from ropecheck.call_forms import CALL_FORMS
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -247,18 +247,13 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
                          strict_layouts=strict_layouts)
     defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
     try:
-        if family or target in ND_ADAPTERS:
-            spec = FamilySpec(target or "", family or ND_ADAPTERS[target]["family"], axes, sections, split, layout,
-                              nd_base or (None if base is None else f"{base:g}"), scale_base, gamma,
-                              interleaved=mrope_interleaved or None, max_position=max_position,
-                              in_process=in_process, backward=not no_backward, call=call, device=device)
-        else:
-            spec = TargetSpec(target, layout, base, rotary_dim, backward=not no_backward, inplace=inplace,
-                              scaling=scaling, max_position=max_position, in_process=in_process, call=call,
-                              device=device)
+        spec = spec_for(target, family, layout=layout, base=base, nd_base=nd_base, rotary_dim=rotary_dim,
+                        scaling=scaling, axes=axes, sections=sections, split=split,
+                        mrope_interleaved=mrope_interleaved, scale_base=scale_base, gamma=gamma,
+                        max_position=max_position, backward=not no_backward, inplace=inplace,
+                        in_process=in_process, call=call, device=device)
         properties = spec.properties(property_names)
         known = known_failures.load([*defaults, *known_paths])
-        run_modes = modes.parse(run_modes)
         prepared = prepare(spec, dtypes, timeout, console.print, run_modes)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
@@ -269,9 +264,9 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
         raise click.UsageError(str(exc))
     except KeyboardInterrupt:
         _fail(console, "interrupted", EXIT_FAILED, records)
-    built, usable = prepared.target, prepared.dtypes
+    built, usable, run_modes = prepared.target, prepared.dtypes, prepared.modes
 
-    seed = seed if seed is not None or profile == "ci" else default_seed()
+    seed = run_seed(seed, profile)
     options.seed = seed
     extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
         ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \

@@ -69,8 +69,9 @@ def choose(requested: Optional[str], declared) -> str:
 
 
 class Placement:
-    """Moves host tensors to ``device`` keeping their layout, one device storage per host
-    storage (so views of one storage stay views of one storage)."""
+    """Copies tensors to ``device`` keeping their layout: one copy of each storage, the
+    tensors viewed into it with their sizes, strides and storage offset (so views of one
+    storage stay views of one storage). Always a copy, on their own device too."""
 
     def __init__(self, device: str):
         self.device = torch.device(device)
@@ -83,8 +84,8 @@ class Placement:
             raw = torch.empty(0, dtype=torch.uint8).set_(host)  # the whole storage, as bytes
             if self.device.type == "meta":  # no values there: the layout alone (plumbing tests)
                 moved = torch.empty_like(raw, device=self.device)
-            else:
-                moved = raw.clone() if self.device.type == "cpu" else raw.to(self.device)
+            else:  # a copy even where the tensor already is (a private copy, not the caller's)
+                moved = raw.to(self.device, copy=True)
             self.storages[key] = moved.untyped_storage()
         out = torch.empty(0, dtype=x.dtype, device=self.device)
         return out.set_(self.storages[key], x.storage_offset(), x.shape, x.stride())

@@ -55,8 +55,7 @@ def describe_exception(exc: BaseException) -> str:
 def strided_copy(x: torch.Tensor) -> torch.Tensor:
     """A fresh tensor laid out exactly as x: a copy of x's whole storage viewed with x's
     sizes, strides and storage offset (clone() would compact a view and drop the offset)."""
-    out = torch.empty(0, dtype=x.dtype, device=x.device)
-    return out.set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
+    return Placement(x.device)(x)
 
 
 def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:

@@ -75,16 +75,14 @@ class Compiled:
 
         _dynamo.config.recompile_limit = RECOMPILE_LIMIT
         _dynamo.config.fail_on_recompile_limit_hit = True
-        self.fn = fn
+        self.dynamo, self.fn = _dynamo, fn
         self.compiled = torch.compile(fn)
 
     def __call__(self, *args):
-        from torch._dynamo.exc import FailOnRecompileLimitHit
-
         try:
             return self.compiled(*args)
-        except FailOnRecompileLimitHit:
-            torch._dynamo.reset()
+        except self.dynamo.exc.FailOnRecompileLimitHit:
+            self.dynamo.reset()
             self.compiled = torch.compile(self.fn)
             return self.compiled(*args)
 

@@ -35,10 +35,6 @@ def environment() -> dict:
             "hypothesis": _version("hypothesis"), "platform": platform.platform()}
 
 
-def _rows(session) -> list[str]:
-    return getattr(session, "rows", None) or [p.name for p in session.properties]
-
-
 def _cell(result) -> str:
     text = STATUS_STYLE[result.status]
     if result.max_error is not None and result.status in ("passed", "failed", "known"):
@@ -46,9 +42,9 @@ def _cell(result) -> str:
         if result.status != "passed" and float(shown) <= 1.0:
             shown = ">1"  # a failure just past the bound must not read as 1
         text += f" {shown}"
-    if getattr(result, "cause", None):
+    if result.cause:
         text += f" ({result.cause})"
-    if getattr(result, "notes", None):
+    if result.notes:
         text += " *"
     return text
 
@@ -58,10 +54,6 @@ def column_label(dtype: str, mode: str = "eager") -> str:
     return dtype if mode == "eager" else f"{dtype} {mode}"
 
 
-def _columns(session) -> list:
-    return getattr(session, "columns", None) or [(d, "eager") for d in session.dtypes]
-
-
 def results_table(session) -> Table:
     """Rows: properties; columns: dtypes (and modes); each cell the verdict and the largest
     error in tolerance units any input showed (<= 1 passes), the root cause it shares (C1,
@@ -69,11 +61,11 @@ def results_table(session) -> Table:
     once per dtype."""
     table = Table(title=f"ropecheck: {session.target.name}", title_justify="left")
     table.add_column("property")
-    columns = _columns(session)
+    columns = session.columns
     for dtype, mode in columns:
         table.add_column(column_label(dtype, mode), justify="right")
-    cells = {(r.property, r.dtype, getattr(r, "mode", "eager")): r for r in session.results}
-    for name in _rows(session):
+    cells = {(r.property, r.dtype, r.mode): r for r in session.results}
+    for name in session.rows:
         row = [name]
         for dtype, mode in columns:
             r = cells.get((name, dtype, mode)) or (cells.get((name, dtype, "eager")) if name == "position-range"
@@ -99,7 +91,7 @@ def _detail(console: Console, label: str, text: str) -> None:
 
 def print_failures(console: Console, session) -> None:
     """Each root cause once, with the properties it took down; then every other failure."""
-    for cause in getattr(session, "causes", []):
+    for cause in session.causes:
         console.print(f"\n[bold red]ROOT CAUSE {cause['id']}[/] took down {len(cause['properties'])} "
                       f"properties ({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}:",
                       soft_wrap=True)
@@ -110,14 +102,14 @@ def print_failures(console: Console, session) -> None:
         _detail(console, "minimal counterexample: ", cause["counterexample"])
         _detail(console, "reproduce: ", cause["reproduce"])
     for r in session.results:
-        if r.status not in ("failed", "error", "known") or getattr(r, "cause", None):
+        if r.status not in ("failed", "error", "known") or r.cause:
             continue
         colour = "yellow" if r.status == "known" else "bold red"
         where = column_label(r.dtype, r.mode)
         console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({where}): "
                       f"{escape(r.formula)}", soft_wrap=True)
         _detail(console, "", r.message)
-        _detail(console, "likely cause: ", getattr(r, "diagnosis", ""))
+        _detail(console, "likely cause: ", r.diagnosis)
         _detail(console, "minimal counterexample: ", r.counterexample)
         _detail(console, "reproduce: ", r.reproduce)
 
@@ -126,7 +118,7 @@ def support_notes(session) -> dict[str, list[str]]:
     """note -> the dtypes it was seen in."""
     out: dict[str, list[str]] = {}
     for r in session.results:
-        for note in getattr(r, "notes", []):
+        for note in r.notes:
             out.setdefault(note, []).append(r.dtype)
     return out
 
@@ -143,7 +135,7 @@ def print_notes(console: Console, session) -> None:
 def verdict_line(session) -> str:
     """PASSED / FAILED / ERROR, and the dtypes the target does not support."""
     line = VERDICT_LINE[session.verdict]
-    for dtype, why in getattr(session, "unsupported", {}).items():
+    for dtype, why in session.unsupported.items():
         line += f"; {dtype} not supported: {escape(why.removeprefix('the target raised '))}"
     return line
 
@@ -164,12 +156,12 @@ def session_dict(session) -> dict:
         "profile": session.options.profile,
         "seed": session.options.seed,
         "dtypes": session.dtypes,
-        "modes": list(getattr(session, "modes", ["eager"])),
-        "unsupported_dtypes": dict(getattr(session, "unsupported", {})),
+        "modes": list(session.modes),
+        "unsupported_dtypes": dict(session.unsupported),
         "verdict": session.verdict,
         "exit_status": EXIT_STATUS[session.verdict],
         "stopped": session.stopped,
-        "causes": list(getattr(session, "causes", [])),
+        "causes": list(session.causes),
         "support_notes": [{"note": n, "dtypes": d} for n, d in support_notes(session).items()],
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
@@ -182,7 +174,7 @@ def write_json(path: str, session) -> None:
 
 def write_junit(path: str, session) -> None:
     results = session.results
-    unsupported = getattr(session, "unsupported", {})
+    unsupported = session.unsupported
     suite = ET.Element("testsuite", name=f"ropecheck.{session.target.name}", tests=str(len(results) + len(unsupported)),
                        failures=str(sum(r.status == "failed" for r in results)),
                        errors=str(sum(r.status == "error" for r in results)),
@@ -195,12 +187,12 @@ def write_junit(path: str, session) -> None:
         if r.status in ("failed", "error"):
             node = ET.SubElement(case, "failure" if r.status == "failed" else "error",
                                  message=r.message[:500])
-            cause = f"root cause {r.cause}" if getattr(r, "cause", None) else ""
-            node.text = "\n".join(filter(None, [r.formula, r.message, cause, getattr(r, "diagnosis", ""),
+            cause = f"root cause {r.cause}" if r.cause else ""
+            node.text = "\n".join(filter(None, [r.formula, r.message, cause, r.diagnosis,
                                                 r.counterexample, r.reproduce]))
         elif r.status in ("skipped", "known"):
             ET.SubElement(case, "skipped", message=r.message)
-        if getattr(r, "notes", None):
+        if r.notes:
             ET.SubElement(case, "system-out").text = "\n".join(r.notes)
     for dtype, why in unsupported.items():
         case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",

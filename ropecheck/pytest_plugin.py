@@ -15,7 +15,7 @@ import pytest
 
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
 from ropecheck.calling import DEFAULT_TIMEOUT
-from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, default_seed,
+from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, run_seed,
                                probe_position_range, resolve_dtypes, warm_up)
 from ropecheck import modes
 from ropecheck.call_forms import CALL_FORMS
@@ -155,7 +155,7 @@ def pytest_generate_tests(metafunc):
     # the target's name in every test's name, so JUnit records and -k can tell targets apart
     name = short_name(_spec(config).name)
     metafunc.parametrize("rope_dtype", dtypes, ids=[f"{name}-{dtype}" for dtype in dtypes])
-    run_modes = modes.parse(config.getoption("--rope-mode"))
+    run_modes = config.getoption("--rope-mode")  # parsed in pytest_configure
     if "rope_mode" in metafunc.fixturenames and run_modes != ["eager"]:
         metafunc.parametrize("rope_mode", run_modes)
 
@@ -231,7 +231,7 @@ def pytest_configure(config):
     if position_range is not None and not 255 <= position_range <= 2**24:
         raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
     try:
-        run_modes = modes.parse(config.getoption("--rope-mode"))
+        run_modes = config.option.rope_mode = modes.parse(config.getoption("--rope-mode"))
     except ValueError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
     added = _add_suite(config)
@@ -241,8 +241,7 @@ def pytest_configure(config):
             modes.require(run_modes, target.device)
         except (UnusableTarget, ValueError) as exc:
             raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
-    if config.getoption("--rope-seed") is None and config.getoption("--rope-profile") != "ci":
-        config.option.rope_seed = default_seed()
+    config.option.rope_seed = run_seed(config.option.rope_seed, config.option.rope_profile)
 
 
 @pytest.hookimpl(optionalhook=True)

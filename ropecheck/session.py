@@ -22,7 +22,9 @@ from ropecheck import devices, known_failures, modes
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.dtypes import canonical, torch_dtype
-from ropecheck.loading import TargetLoadError, load, load_isolated, target_name
+from ropecheck.families import ND_ADAPTERS, FamilySpec
+from ropecheck.loading import TargetLoadError, is_named, load, load_isolated, target_name
+from ropecheck.output import column_label
 from ropecheck.reference.scaling import Scaling
 from ropecheck.reference.scaling import parse as parse_scaling
 from ropecheck.target import Convention, Target
@@ -88,7 +90,8 @@ class TargetSpec:
                                          ("layout", self.layout), ("scaling", scaling))
                        if v is not None}
             loader = load if self.in_process else load_isolated
-            target = loader(self.spec or DEFAULT_TARGET, self.call, **(options if self.name in BUILTINS else {}))
+            target = loader(self.spec or DEFAULT_TARGET, self.call,
+                            **(options if self.name in BUILTINS else {}))
             convention = target.convention
             if self.layout is not None:
                 convention = Convention(self.layout, self.base or 10000.0, self.rotary_dim,
@@ -114,6 +117,32 @@ class TargetSpec:
                             backward=self.backward and target.backward,
                             inplace=self.inplace or target.inplace,
                             max_position=min(declared) if declared else None)
+
+
+def spec_for(target=None, family: Optional[str] = None, *, layout=None, base=None, nd_base=None,
+             rotary_dim=None, scaling=None, axes=None, sections=None, split=None, mrope_interleaved=False,
+             scale_base=None, gamma=None, max_position=None, backward=True, inplace=False,
+             in_process=False, call=None, device=None):
+    """The spec ``ropecheck check``'s flags (or ``ropecheck.check``'s keywords) describe: a
+    FamilySpec with a family (or for an N-D adapter), else a TargetSpec. Per-axis values
+    (``nd_base`` or a list ``base``, ``sections``, ``split``) may be lists or comma-separated
+    text. Raises FamilyError for bad family flags."""
+    if family or (is_named(target) and target in ND_ADAPTERS):
+        bases = nd_base or _listed(base, lambda b: f"{float(b):g}")
+        return FamilySpec(target or "", family or ND_ADAPTERS[target]["family"], axes, _listed(sections),
+                          _listed(split), layout, bases, scale_base, gamma,
+                          interleaved=mrope_interleaved or None, max_position=max_position,
+                          in_process=in_process, backward=backward, call=call, device=device)
+    return TargetSpec(target, layout, None if base is None else float(base), rotary_dim, backward=backward,
+                      inplace=inplace, scaling=scaling, max_position=max_position, in_process=in_process,
+                      call=call, device=device)
+
+
+def _listed(values, shown: Callable = str) -> Optional[str]:
+    """A per-axis flag's text: as given, or a value or a list of them joined with commas."""
+    if values is None or isinstance(values, str):
+        return values
+    return ",".join(shown(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
 
 
 def smoke_call(target: Target, dtype: str, timeout: Optional[float], family=ONE_D) -> Optional[str]:
@@ -159,6 +188,7 @@ class Prepared(NamedTuple):
     dtypes: list  # the dtypes to check
     unsupported: dict  # dtype -> why the target cannot be called in it (not requested by name)
     crashes: dict  # dtype -> the crash of its smallest call
+    modes: list  # how the target is run (--mode, parsed)
 
 
 def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[str], None] = lambda line: None,
@@ -205,7 +235,7 @@ def prepare(spec, dtypes=(), timeout: Optional[float] = None, notify: Callable[[
     except BaseException:
         close(built)
         raise
-    return Prepared(callable_in(built, problems), usable, unsupported, crashes)
+    return Prepared(callable_in(built, problems), usable, unsupported, crashes, run_modes)
 
 
 def close(target) -> None:
@@ -328,11 +358,6 @@ class Session:
         return "failed" if "failed" in statuses else "passed"
 
 
-def _where(result: Result) -> str:
-    """A result's dtype, and its mode unless eager ("bfloat16 compile")."""
-    return result.dtype if result.mode == "eager" else f"{result.dtype} {result.mode}"
-
-
 def group_causes(results: list[Result]) -> list[dict]:
     """Failures that share a signature (the same exception at the same place, the same
     crash, the same contract breach, the same minimal input) are one root cause: each gets
@@ -353,9 +378,10 @@ def group_causes(results: list[Result]) -> list[dict]:
         causes.append({"id": cause, "message": first.message, "diagnosis": first.diagnosis,
                        "counterexample": first.counterexample, "reproduce": first.reproduce,
                        "properties": list(dict.fromkeys(r.property for r in members)),
-                       "dtypes": list(dict.fromkeys(_where(r) for r in members)),
+                       "dtypes": list(dict.fromkeys(column_label(r.dtype, r.mode) for r in members)),
                        # one input failing several checks: what each of them saw
-                       "also": [{"property": r.property, "dtype": _where(r), "message": r.message}
+                       "also": [{"property": r.property, "dtype": column_label(r.dtype, r.mode),
+                                 "message": r.message}
                                 for r in members[1:] if same_input and r.message != first.message]})
     return causes
 
@@ -373,3 +399,9 @@ def resolve_dtypes(requested, target) -> tuple[list[str], bool]:
 
 def default_seed() -> int:
     return int(np.random.default_rng().integers(0, 2**31))
+
+
+def run_seed(seed: Optional[int], profile: str) -> Optional[int]:
+    """The hypothesis seed a run uses: the one given; none for the derandomized ci profile;
+    else a random one, printed so that the run can be replayed."""
+    return seed if seed is not None or profile == "ci" else default_seed()
