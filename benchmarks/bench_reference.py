@@ -29,3 +29,41 @@ def test_apply_rope_throughput(benchmark, layout):
         mean = benchmark.stats.stats.mean
         benchmark.extra_info["elements_per_s"] = x.size / mean
         benchmark.extra_info["bytes_per_s"] = 2 * x.nbytes / mean
+
+
+# The reference check at a production size: one sequence of 8192 tokens x 32 heads x 128
+# (2^25 elements, bfloat16), compared a chunk at a time (REFERENCE_CHUNK elements: how
+# ``reference`` runs) and whole (the chunk as large as the input: how it ran before).
+PRODUCTION_SHAPE = (1, 8192, 32, 128)
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+def test_reference_check_memory_at_production_size(benchmark, monkeypatch, chunked):
+    import tracemalloc
+
+    import torch
+
+    from ropecheck.properties import checks
+    from ropecheck.properties.cases import Case
+    from ropecheck.target import Convention, Target
+
+    batch, seq, heads, head_dim = PRODUCTION_SHAPE
+    case = Case("bfloat16", batch, seq, heads, head_dim, (tuple(range(seq)),))
+    target = Target("reference", lambda x, p: x, convention=Convention("half"), dtypes=("bfloat16",))
+    ctx = checks.Context(target, "bfloat16")
+    x, p = case.tensor(), case.positions_array()
+    y = torch.from_numpy(ctx.convention.apply(checks.as_float64(x), p)).to(x.dtype)
+    if not chunked:
+        monkeypatch.setattr(checks, "REFERENCE_CHUNK", x.numel())
+
+    def compare():
+        return checks._against_reference(ctx, y, x, p, what="benchmark")
+
+    tracemalloc.start()
+    assert compare() <= 1.0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    benchmark.pedantic(compare, rounds=3, warmup_rounds=0)
+    benchmark.extra_info["elements"] = x.numel()
+    benchmark.extra_info["peak_mib"] = peak / 2**20  # numpy's and torch's host allocations, traced
+    benchmark.extra_info["input_mib"] = (x.numel() * x.element_size() + y.numel() * y.element_size()) / 2**20

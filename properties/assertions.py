@@ -33,27 +33,51 @@ def _where(index, axes, positions) -> str:
     return ", ".join(parts)
 
 
+class Tally:
+    """|actual - expected| <= bound over blocks of one comparison (a large input compared a
+    chunk at a time): the largest ratio, how many elements failed, and the worst element
+    with its index in the whole."""
+
+    def __init__(self):
+        self.worst, self.bad, self.size = 0.0, 0, 0
+        self.detail = None  # (index, actual, expected, diff, bound) of the worst element
+
+    def add(self, actual, expected, bound, offset=()) -> "Tally":
+        """One block; ``offset``: its first index in the whole (per leading axis)."""
+        actual = np.asarray(actual, np.float64)
+        expected = np.broadcast_to(np.asarray(expected, np.float64), actual.shape)
+        bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
+        diff = np.abs(actual - expected)
+        ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)
+        self.size += ratio.size
+        if ratio.size == 0:
+            return self
+        self.bad += int(np.count_nonzero(ratio > 1.0))
+        flat = int(np.argmax(ratio))
+        if self.detail is None or float(ratio.flat[flat]) > self.worst:
+            index = np.unravel_index(flat, ratio.shape)
+            self.worst = float(ratio.flat[flat])
+            whole = tuple(int(i) + (offset[n] if n < len(offset) else 0) for n, i in enumerate(index))
+            self.detail = (whole, actual[index], expected[index], diff[index], bound[index])
+        return self
+
+    def verdict(self, *, what: str, positions=None, axes=AXES_4D) -> float:
+        """The largest ratio; CheckFailure when it is above 1."""
+        __tracebackhide__ = True
+        if self.worst <= 1.0:
+            return self.worst
+        index, got, expected, diff, bound = self.detail
+        raise CheckFailure(
+            f"{what}: {self.bad} / {self.size} ({100.0 * self.bad / self.size:.3g} %) outside the bound; "
+            f"worst at {_where(index, axes, positions)}: got {got:.9g}, expected "
+            f"{expected:.9g}, |difference| {diff:.3g}, allowed {bound:.3g} "
+            f"({self.worst:.3g} x tolerance)", error=self.worst, where=dict(zip(axes, map(int, index))))
+
+
 def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXES_4D) -> float:
     """|actual - expected| <= bound elementwise; returns max(|actual - expected| / bound)."""
     __tracebackhide__ = True
-    actual = np.asarray(actual, np.float64)
-    expected = np.broadcast_to(np.asarray(expected, np.float64), actual.shape)
-    bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
-    diff = np.abs(actual - expected)
-    ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)
-    if ratio.size == 0:
-        return 0.0
-    flat = int(np.argmax(ratio))
-    worst = float(ratio.flat[flat])
-    if worst <= 1.0:
-        return worst
-    index = np.unravel_index(flat, ratio.shape)
-    bad = int(np.count_nonzero(ratio > 1.0))
-    raise CheckFailure(
-        f"{what}: {bad} / {ratio.size} ({100.0 * bad / ratio.size:.3g} %) outside the bound; "
-        f"worst at {_where(index, axes, positions)}: got {actual[index]:.9g}, expected "
-        f"{expected[index]:.9g}, |difference| {diff[index]:.3g}, allowed {bound[index]:.3g} "
-        f"({worst:.3g} x tolerance)", error=worst, where=dict(zip(axes, map(int, index))))
+    return Tally().add(actual, expected, bound).verdict(what=what, positions=positions, axes=axes)
 
 
 def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> float:

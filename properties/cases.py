@@ -100,6 +100,11 @@ EXPANDED_GRADS = {layout.name: layout for layout in (
 GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd") + tuple(EXPANDED_GRADS)
 
 
+# Elements past which a case's values are drawn chunk by chunk (production inputs hold up
+# to 2^24; the huge one 2^31 and more).
+VALUES_CHUNK = 2**24
+
+
 @dataclass(frozen=True)
 class Case:
     """One input in the canonical form (x, positions), and the call form it is handed to
@@ -143,19 +148,43 @@ class Case:
         return torch.from_numpy(self.positions_array())
 
     def values(self, salt: int = 0) -> np.ndarray:
-        """float64 values, standard normal times scale; ``salt`` gives an independent draw."""
-        rng = np.random.default_rng([self.seed, salt])
-        return rng.standard_normal(self.shape) * self.scale
+        """float64 values, standard normal times scale; ``salt`` gives an independent draw.
+        Past VALUES_CHUNK elements each chunk of head vectors has a stream of its own
+        (``_chunks``), so ``tensor`` makes a huge input without it ever being float64."""
+        if int(np.prod(self.shape)) <= VALUES_CHUNK:
+            rng = np.random.default_rng([self.seed, salt])
+            return rng.standard_normal(self.shape) * self.scale
+        out = np.empty(self.shape).reshape(-1, self.head_dim)
+        for rows, chunk in self._chunks(salt):
+            out[rows] = chunk
+        return out.reshape(self.shape)
+
+    def _chunks(self, salt: int):
+        """(rows, float64 values) of the head vectors, VALUES_CHUNK elements at a time."""
+        count, step = int(np.prod(self.shape[:-1])), max(1, VALUES_CHUNK // self.head_dim)
+        for number, start in enumerate(range(0, count, step)):
+            rows = slice(start, min(start + step, count))
+            rng = np.random.default_rng([self.seed, salt, number])
+            yield rows, rng.standard_normal((rows.stop - rows.start, self.head_dim)) * self.scale
 
     def tensor(self, salt: int = 0, values: np.ndarray | None = None, memory: str | None = None) -> torch.Tensor:
         """x in the case's dtype and memory layout (or ``memory``: an ``EXPANDED_GRADS``
         layout gives a broadcast gradient, which repeats one slice of the values)."""
+        if values is None and int(np.prod(self.shape)) > VALUES_CHUNK:
+            v = torch.empty(self.shape, dtype=torch_dtype(self.dtype))
+            flat = v.view(-1, self.head_dim)
+            for rows, chunk in self._chunks(salt):
+                flat[rows] = torch.from_numpy(chunk)
+            return self._laid_out(v, memory)
         v = torch.from_numpy(self.values(salt) if values is None else np.asarray(values, np.float64))
+        return self._laid_out(v.to(torch_dtype(self.dtype)), memory)
+
+    def _laid_out(self, v: torch.Tensor, memory: str | None) -> torch.Tensor:
         layout = memory or self.memory
         known = LAYOUTS.get(layout) or EXPANDED_GRADS.get(layout)
         if known is None:
             raise ValueError(f"unknown memory layout {layout!r}")
-        return known.make(v.to(torch_dtype(self.dtype)))
+        return known.make(v)
 
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace

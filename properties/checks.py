@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from ropecheck.properties.assertions import AXES_3D, CheckFailure, Tally, assert_close, assert_distinct
 from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
 from ropecheck.properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
                                    example_grad_layout, grad_layouts, in_form, large_cases, max_position_for,
-                                   position_grids, scales, within)
+                                   position_grids, production_cases, huge_case, scales, within)
+from ropecheck.properties.sizes import huge_fits
 from ropecheck.calling import CallError
 from ropecheck.dtypes import torch_dtype
 from ropecheck.target import Target
@@ -65,23 +66,26 @@ class Context(FamilyContext):
 def _one_d_cases(prop, ctx: Context):
     options = dict(prop.case_options)
     options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-    return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call,
+    return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call, sizes=ctx.sizes,
                  k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
 
 
 def _example_fits(prop, case) -> bool:
     options = prop.case_options
-    return (case.batch >= options.get("min_batch", 1) and case.seq >= options.get("min_seq", 1)
+    return (case.batch >= options.get("min_batch", 1) and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
             and case.memory in options.get("memory", (case.memory,)))
 
 
 def _fixed_inputs(prop, ctx: Context) -> list:
     """The fixed inputs: the critical cases, and the large ones for a property that
     promises to try them; in the target's call form, within its position range."""
-    call = ctx.target.call
-    fixed = critical_cases(ctx.dtype, ctx.target.rotary_dim, call)
+    call, r = ctx.target.call, ctx.target.rotary_dim
+    fixed = critical_cases(ctx.dtype, r, call)
     if prop.large:
-        fixed += large_cases(ctx.dtype, ctx.target.rotary_dim, call)[:prop.large]
+        fixed += large_cases(ctx.dtype, r, call)[:prop.large]
+        fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[:prop.large]
+    if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
+        fixed.append(huge_case(ctx.dtype, r, call))
     out = []
     for case in fixed:
         if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
@@ -300,9 +304,15 @@ def _scores_under_shift(ctx: Context, case: Case, shift: int, unit_scale: bool =
     return scores[0], scores[1], bound, p
 
 
+# The score checks hold (batch, heads, seq, seq) arrays: at production sizes their
+# sequences stop here (the per-element checks take the longest).
+SCORES_MAX_SEQ = 128
+
+
 @register(name="relativity",
           formula="<f(q, m), f(k, n)> = <f(q, m + c), f(k, n + c)>  (depends on n - m only)",
-          extras=_shift_extra, example_extras=_example_shift, same_theta_across_calls=True)
+          extras=_shift_extra, example_extras=_example_shift, same_theta_across_calls=True,
+          case_options={"max_seq": SCORES_MAX_SEQ})
 def relativity(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
     return assert_close(s1, s0, bound, axes=("batch", "head", "query", "key"),
@@ -311,8 +321,8 @@ def relativity(ctx: Context, case: Case, shift: int) -> float:
 
 @register(name="translation",
           formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
-          extras=_shift_extra, example_extras=_example_shift, case_options={"min_seq": 2},
-          same_theta_across_calls=True)
+          extras=_shift_extra, example_extras=_example_shift,
+          case_options={"min_seq": 2, "max_seq": SCORES_MAX_SEQ}, same_theta_across_calls=True)
 def translation(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift, unit_scale=True)
     scale = 1.0 / math.sqrt(case.head_dim)
@@ -406,7 +416,11 @@ def _distractor(draw, ctx, case):
     other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim,
                        max_position=ctx.max_position, call=ctx.target.call,
                        k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets))
-    return {"other": other, "split": draw(st.integers(0, case.seq - 1))}
+    # the decode calls, one per token after the split: DECODE_CALLS at most
+    return {"other": other, "split": draw(st.integers(max(0, case.seq - DECODE_CALLS), case.seq - 1))}
+
+
+DECODE_CALLS = 64
 
 
 def _example_distractor(ctx, case):
@@ -481,17 +495,39 @@ def _where_pairs(ctx: Context, head_dim: int) -> str:
     return out
 
 
+# Elements the float64 reference is computed on at a time: a chunk's float64 arrays (x,
+# the reference, the bound, the output and numpy's temporaries, about a dozen of 32 MiB)
+# stay near 400 MiB whatever the input's size.
+REFERENCE_CHUNK = 2**22
+
+
+def _against_reference(ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *,
+                       what: str, inverse: bool = False) -> float:
+    """y (the target's output, or its VJP, as it returned it) against the float64 reference
+    R_m x (``inverse``: R_m^T x), a chunk of the sequence at a time: only y and x are held
+    whole, in their dtype. A dynamic scaling's theta comes from the whole call."""
+    batch, seq, heads, head_dim = x.shape
+    step = max(1, REFERENCE_CHUNK // max(batch * heads * head_dim, 1))
+    seq_len = ctx.convention.seq_len(p)
+    tally = Tally()
+    for start in range(0, max(seq, 1), step):
+        part = slice(start, start + step)
+        x64, at = as_float64(x[:, part]), p[:, part]
+        expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
+        bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
+        tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
+    return tally.verdict(what=what, positions=p)
+
+
 @register(name="reference",
           formula="f(x, m) = R_m x, the float64 reference of the declared convention, "
                   "within the error model",
-          needs_convention=True, large=4, sweeps=True)
+          needs_convention=True, large=4, huge=True, sweeps=True)
 def reference_agreement(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
-    x64 = as_float64(x)
-    expected = ctx.convention.apply(x64, p)
-    bound = ctx.model.element_bound(x64, p, ctx.convention)
-    return assert_close(_f(ctx, x, p), expected, bound, positions=p,
-                        what=f"f(x, m) against the float64 reference ({_where_pairs(ctx, case.head_dim)})")
+    y = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
+    return _against_reference(ctx, y, x, p, what="f(x, m) against the float64 reference "
+                                                 f"({_where_pairs(ctx, case.head_dim)})")
 
 
 @register(name="backward",
@@ -501,7 +537,8 @@ def reference_agreement(ctx: Context, case: Case) -> float:
 def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
     g, v = case.tensor(1, memory=grad_layout), case.tensor(2)
-    vjp = ctx.unscale(as_float64(_vjp(ctx, case.tensor(0), p, g)))
+    vjp_returned = _vjp(ctx, case.tensor(0), p, g)
+    vjp = ctx.unscale(as_float64(vjp_returned))
     g64, v64 = as_float64(g), as_float64(v)
     e = _eps(ctx, p)
     adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * _f(ctx, v, p), -1),
@@ -510,10 +547,8 @@ def backward(ctx: Context, case: Case, grad_layout: str) -> float:
                            what="adjoint identity <VJP(g), v> = <g, f(v, m)> per head")
     if ctx.convention is None:
         return adjoint
-    expected = ctx.convention.apply(g64, p, inverse=True)
-    bound = ctx.model.element_bound(g64, p, ctx.convention)
-    exact = assert_close(vjp, expected, bound, positions=p,
-                         what="VJP(g) against R_m^T g = f_ref(g, -m)")
+    exact = _against_reference(ctx, vjp_returned, g, p, inverse=True,
+                               what="VJP(g) against R_m^T g = f_ref(g, -m)")
     return max(adjoint, exact)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from hypothesis import strategies as st
 
 from ropecheck.properties.registry import property_registry
+from ropecheck.properties.sizes import TOY, Sizes
 from ropecheck.call_forms import CALL_FORMS
 from ropecheck.calling import Caller, CallError, TargetHung
 from ropecheck.tolerance import ErrorModel
@@ -30,6 +31,7 @@ class FamilyContext:
     target: Any
     dtype: str
     timeout: Optional[float] = 20.0
+    sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.sizes)
     rope: Any = field(init=False)
     model: ErrorModel = field(init=False)
     caller = Caller  # the family's Caller type
@@ -109,14 +111,19 @@ class Property:
     # the call forms (ropecheck.call_forms) it is defined for, and why not for the others
     calls: tuple = tuple(CALL_FORMS)
     calls_why: str = ""
-    large: int = 0  # how many of the fixed large inputs (strategies.large_cases) it tries too
+    # how many of the fixed large inputs it tries too (strategies.large_cases; at
+    # production sizes as many of strategies.production_cases too)
+    large: int = 0
+    # tries the input past 2^31 elements where the sizes and the device allow it
+    # (strategies.huge_case): a check that compares in chunks (bounded memory)
+    huge: bool = False
     # needs positions chosen per token (not offset + arange per row, all a target taking
     # per-row offsets accepts)
     per_token_positions: bool = False
     sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
 
-    def context(self, target, dtype: str, timeout: Optional[float]):
-        return self.family.context(target, dtype, timeout)
+    def context(self, target, dtype: str, timeout: Optional[float], sizes: Sizes = TOY):
+        return self.family.context(target, dtype, timeout, sizes)
 
     def case_strategy(self, ctx):
         return self.family.cases(self, ctx)

@@ -20,6 +20,7 @@ from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.checks import PROPERTIES, Context
 from ropecheck.properties.property import Property
 from ropecheck.properties.diagnosis import likely_cause
+from ropecheck.properties.sizes import SIZES, Sizes, parse as parse_sizes
 from ropecheck.properties.strategies import FREE_HEAD_DIMS
 from ropecheck.calling import CallError, TargetHung
 
@@ -28,7 +29,11 @@ PROFILES = {
     "ci": {"max_examples": 20, "derandomize": True},
     "dev": {"max_examples": 40},
     "thorough": {"max_examples": 300},
+    # production sizes (properties.sizes): fewer examples, each up to 2^24 elements
+    "production": {"max_examples": 12, "derandomize": True},
 }
+# The sizes a profile draws at, unless --sizes says otherwise: toy for the others.
+PROFILE_SIZES = {"production": "production"}
 DEFAULT_PROFILE = "dev"
 
 
@@ -81,6 +86,25 @@ class RunOptions:
     timeout: Optional[float] = 20.0
     max_examples: Optional[int] = None
     strict_layouts: bool = False  # a refusal of an exotic layout fails, instead of a note
+    # the sizes inputs are drawn at: a Sizes, a --sizes string, or None: the profile's
+    # (PROFILE_SIZES, else toy)
+    sizes: Optional[Sizes] = None
+
+    def __post_init__(self):
+        if self.sizes is None:
+            self.sizes = SIZES[PROFILE_SIZES.get(self.profile, "toy")]
+        elif isinstance(self.sizes, str):
+            self.sizes = parse_sizes(self.sizes)
+
+    @property
+    def sizes_flag(self) -> list:
+        """``--sizes`` as a reproduce line needs it: nothing where the profile implies them."""
+        implied = SIZES[PROFILE_SIZES.get(self.profile, "toy")]
+        return [] if self.sizes == implied else ["--sizes", self.sizes.spec()]
+
+    @property
+    def derandomized(self) -> bool:
+        return bool(PROFILES[self.profile].get("derandomize"))
 
     def settings(self) -> settings:
         chosen = dict(PROFILES[self.profile])
@@ -177,7 +201,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     if not applies:
         result.status, result.message = "skipped", why
         return result
-    ctx = prop.context(target, dtype, options.timeout)
+    ctx = prop.context(target, dtype, options.timeout, options.sizes)
     seen = Seen()
 
     @st.composite

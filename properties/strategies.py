@@ -23,6 +23,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
+from ropecheck.properties.sizes import HUGE_ELEMENTS, TOY, Sizes
 from ropecheck.call_forms import segment_lengths
 
 MAX_POSITION = 2**24
@@ -38,7 +39,7 @@ BOUNDARIES = tuple(sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**
 # distinct sizes keep targets that build a cos/sin table per head size from rebuilding
 # it on every call; the sizes are the same in every run, so verdicts do not depend on
 # the seed.
-FREE_HEAD_DIMS = (8, 80, 128)
+FREE_HEAD_DIMS = TOY.head_dims  # the production sizes draw more (properties.sizes)
 
 
 def scales(dtype: str) -> tuple[float, ...]:
@@ -59,11 +60,11 @@ def partial_head_dims(rotary_dim: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((rotary_dim, rotary_dim + 48, 2 * rotary_dim, 4 * rotary_dim)))
 
 
-def head_dims(rotary_dim: int | None = None) -> st.SearchStrategy[int]:
-    """FREE_HEAD_DIMS when the whole head rotates; with a partial rotary dimension r,
-    ``partial_head_dims(r)``."""
+def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStrategy[int]:
+    """The sizes' head sizes when the whole head rotates; with a partial rotary dimension
+    r, ``partial_head_dims(r)``."""
     if rotary_dim is None:
-        return st.sampled_from(FREE_HEAD_DIMS)
+        return st.sampled_from(sizes.head_dims)
     return st.sampled_from(partial_head_dims(rotary_dim))
 
 
@@ -92,10 +93,17 @@ def _scattered(limit: int) -> st.SearchStrategy[int]:
     return st.one_of(offsets(limit), st.integers(0, limit))
 
 
+# Tokens whose scattered positions hypothesis draws one by one; past this, a drawn seed
+# spreads them (hypothesis' choice budget holds a few thousand draws).
+DRAWN_TOKENS = 256
+
+
 @st.composite
 def _position_grids(draw, batch: int, seq: int, limit: int, row_offsets: bool = False) -> np.ndarray:
     kind = draw(st.sampled_from(("row-offsets", "shared-offset") + (() if row_offsets else ("scattered",))))
     if kind == "scattered" or limit < seq - 1:
+        if batch * seq > DRAWN_TOKENS:
+            return _spread_positions(draw(st.integers(0, 2**32 - 1)), batch, seq, limit)
         values = draw(_lists(_scattered(limit), batch * seq))
         return np.asarray(values, dtype=np.int64).reshape(batch, seq)
     top = limit - (seq - 1)
@@ -106,6 +114,18 @@ def _position_grids(draw, batch: int, seq: int, limit: int, row_offsets: bool = 
     return np.asarray(starts, dtype=np.int64)[:, None] + np.arange(seq, dtype=np.int64)
 
 
+def _spread_positions(seed: int, batch: int, seq: int, limit: int) -> np.ndarray:
+    """Scattered positions of a long input: the boundaries up to ``limit`` first (2^k +- 1,
+    the int16 / float16 limits), then uniform in [0, limit] and small ones."""
+    rng = np.random.default_rng(seed)
+    size = batch * seq
+    marked = np.asarray([b for b in BOUNDARIES if b <= limit] or [0], dtype=np.int64)
+    values = np.where(rng.random(size) < 0.5, rng.integers(0, limit + 1, size),
+                      rng.integers(0, min(limit, 4096) + 1, size))
+    values[:min(size, marked.size)] = marked[:size]
+    return values.reshape(batch, seq)
+
+
 @lru_cache(maxsize=None)
 def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
                    row_offsets: bool = False) -> st.SearchStrategy[np.ndarray]:
@@ -114,20 +134,50 @@ def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
     return _position_grids(batch, seq, limit, row_offsets)
 
 
+# Sequence lengths of production inputs besides the drawn ones: around the powers of two
+# where a kernel's block size changes, and the context lengths models are served at.
+LONG_SEQS = (127, 128, 129, 1000, 2048, 4095, 4096, 8191, 8192)
+
+
 @lru_cache(maxsize=None)
-def _seqs(min_seq: int) -> st.SearchStrategy[int]:
-    return st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24), st.just(max(min_seq, 1)))
+def _seqs(min_seq: int, max_seq: int = 24) -> st.SearchStrategy[int]:
+    short = st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24), st.just(max(min_seq, 1)))
+    if max_seq <= 24:
+        return short
+    long = [n for n in LONG_SEQS if min_seq <= n <= max_seq] or [max_seq]
+    return st.one_of(short, st.sampled_from(long), st.integers(min_seq, max_seq))
+
+
+@lru_cache(maxsize=None)
+def _heads(counts: tuple) -> st.SearchStrategy[int]:
+    """x's heads: a run 1 .. n is drawn as an integer (it shrinks to 1), others sampled."""
+    if counts == tuple(range(1, len(counts) + 1)):
+        return st.integers(1, len(counts))
+    return st.sampled_from(counts)
+
+
+def _fitted_seq(seq: int, min_seq: int, elements_per_token: int, max_elements: int) -> int:
+    """A drawn sequence cut so that the input holds at most ``max_elements``."""
+    return max(min_seq, 1, min(seq, max_elements // max(elements_per_token, 1)))
 
 
 @st.composite
 def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions,
-           call="x", k_optional=False, row_offsets=False) -> Case:
+           call="x", k_optional=False, row_offsets=False, sizes=TOY, max_seq=None) -> Case:
+    longest = min(sizes.max_seq, max_seq or sizes.max_seq)
     if call == "packed":
-        return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions))
+        return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions, sizes, longest))
     batch = draw(st.integers(min_batch, max(min_batch, 3)))
-    seq = draw(_seqs(min_seq))
-    heads = draw(st.integers(1, 3)) if call == "x" else draw(st.sampled_from(Q_HEADS))
-    head_dim = draw(head_dims(rotary_dim))
+    seq = draw(_seqs(min_seq, longest))
+    if call == "x":
+        heads, kv = draw(_heads(sizes.heads)), 0
+    elif sizes.ratios:
+        heads, kv = draw(grouped_heads(sizes.ratios, k_optional))
+    else:  # k's heads drawn last (below), as runs before production sizes drew them
+        heads, kv = draw(st.sampled_from(Q_HEADS)), None
+    head_dim = draw(head_dims(rotary_dim, sizes))
+    seq = _fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim,
+                      sizes.max_elements)
     limit = min(max_position, max_position_for(head_dim))
     grid = (draw(position_grids(batch, seq, limit, row_offsets)) if positions
             else np.zeros((batch, seq), dtype=np.int64))
@@ -139,8 +189,8 @@ def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, po
         seed=draw(st.integers(0, 2**16)),
     )
     if call == "qk":
-        case = replace(case, call="qk", k_heads=draw(k_heads(heads, k_optional)),
-                       separate=draw(st.booleans()))
+        kv = draw(k_heads(heads, k_optional)) if kv is None else kv
+        case = replace(case, call="qk", k_heads=kv, separate=draw(st.booleans()))
     return case
 
 
@@ -156,23 +206,45 @@ def k_heads(q_heads: int, k_optional: bool) -> st.SearchStrategy[int]:
     return st.one_of(st.just(1), st.sampled_from(divisors + ((0,) if k_optional else ())))
 
 
+# k heads of a production (q, k) call; q has ratio x as many, 64 at most
+GROUPED_K_HEADS = (1, 2, 8)
+
+
+@lru_cache(maxsize=None)
+def grouped_heads(ratios: tuple, k_optional: bool) -> st.SearchStrategy[tuple]:
+    """(q heads, k heads) of a production (q, k) call: q/k ratio from ``ratios`` (1: MHA,
+    4 and 8: GQA as Llama's, 32: one key head for 32 query heads), k_heads 0 (k=None)
+    where the target accepts it."""
+    def pair(ratio_and_k):
+        ratio, k = ratio_and_k
+        k = min(k, max(1, 64 // ratio))
+        return ratio * k, k
+    drawn = st.tuples(st.sampled_from(ratios), st.sampled_from(GROUPED_K_HEADS)).map(pair)
+    if k_optional:
+        drawn = st.one_of(drawn, st.sampled_from((1, 8, 32)).map(lambda q: (q, 0)))
+    return drawn
+
+
 PACKED_MEMORY = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-64")
 
 
 @lru_cache(maxsize=None)
-def packed_lengths(min_total: int) -> st.SearchStrategy[list]:
+def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]:
     """Sequence lengths of a packed batch: one to four sequences of different lengths,
-    empty ones among them."""
+    empty ones among them (with longer ``max_seq``: long ones too)."""
     length = st.one_of(st.just(0), st.integers(1, 8), st.integers(1, 24))
+    if max_seq > 24:
+        length = st.one_of(length, st.integers(1, max_seq))
     return st.lists(length, min_size=1, max_size=4).filter(lambda ls: sum(ls) >= max(min_total, 1))
 
 
 @st.composite
-def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions) -> Case:
-    head_dim = draw(head_dims(rotary_dim))
+def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions,
+                  sizes=TOY, max_seq=24) -> Case:
+    head_dim = draw(head_dims(rotary_dim, sizes))
     limit = min(max_position, max_position_for(head_dim))
     if positions:
-        lengths = draw(packed_lengths(min_seq))
+        lengths = draw(packed_lengths(min_seq, max_seq))
         if draw(st.booleans()):  # serving: each sequence at its own offset (its cache length)
             starts = [draw(offsets(max(limit - n, 0))) for n in lengths]
         else:  # training: every sequence from a shared offset, 0 mostly
@@ -181,23 +253,36 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
         lengths = [min(n, 1) for n in draw(packed_lengths(1))]
         lengths += [1] * max(min_seq - sum(lengths), 0)
         starts = [0] * len(lengths)
+    heads = draw(_heads(sizes.heads))
+    lengths = _cut(lengths, _fitted_seq(sum(lengths), min_seq, heads * head_dim, sizes.max_elements))
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
     usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
-    return Case(dtype=dtype, batch=1, seq=int(row.size), heads=draw(st.integers(1, 3)),
+    return Case(dtype=dtype, batch=1, seq=int(row.size), heads=heads,
                 head_dim=head_dim, positions=(tuple(row.tolist()),),
                 memory=draw(st.sampled_from(usable)), scale=draw(st.sampled_from(scales(dtype))),
                 seed=draw(st.integers(0, 2**16)), call="packed", lengths=tuple(lengths))
+
+
+def _cut(lengths: list, total: int) -> list:
+    """Packed sequence lengths cut (the last ones first) to ``total`` tokens at most."""
+    out, left = [], total
+    for n in lengths:
+        out.append(min(n, left))
+        left -= out[-1]
+    return out
 
 
 @lru_cache(maxsize=None)
 def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
           min_seq: int = 1, max_position: int = MAX_POSITION,
           memory=MEMORY_LAYOUTS, positions=True, call: str = "x",
-          k_optional: bool = False, row_offsets: bool = False) -> st.SearchStrategy[Case]:
-    """RoPE inputs (Case records) in ``dtype``, in the target's call form; ``row_offsets``:
-    positions offset + arange(seq) in every row."""
+          k_optional: bool = False, row_offsets: bool = False, sizes: Sizes = TOY,
+          max_seq: int | None = None) -> st.SearchStrategy[Case]:
+    """RoPE inputs (Case records) in ``dtype``, in the target's call form, at ``sizes``
+    (``max_seq``: a property's own cap on the sequence); ``row_offsets``: positions offset
+    + arange(seq) in every row."""
     return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions,
-                  call, k_optional, row_offsets)
+                  call, k_optional, row_offsets, sizes, max_seq)
 
 
 @lru_cache(maxsize=None)
@@ -261,6 +346,43 @@ def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> l
         Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
         Case(dtype, 1, 64, 33, r or FREE_HEAD_DIMS[2], rows(4000, seq=64), "contiguous", 1.0, 24),
     )]
+
+
+def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
+                     sizes: Sizes = TOY) -> list[Case]:
+    """Fixed inputs at production sizes: a long prefill (the longest sequence, 8 heads and
+    the common head size), the widest head, a head size past 128 that is not a power of
+    two (a kernel's block of the next power of two, masked), and a decode batch; each cut
+    to the sizes' element budget. Empty for sizes that are not production ones."""
+    if not sizes.production:
+        return []
+    dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
+    common = 128 if 128 in dims else max(dims)
+    widest = max(dims)
+    odd = next((d for d in dims if d > 128 and d & (d - 1)), widest)
+
+    def fitted(batch, seq, heads, head_dim, start, memory, seed) -> Case:
+        seq = _fitted_seq(seq, 1, batch * heads * head_dim, sizes.max_elements)
+        rows = tuple(tuple(range(start + 1000 * b, start + 1000 * b + seq)) for b in range(batch))
+        return Case(dtype, batch, seq, heads, head_dim, rows, memory, 1.0, seed)
+
+    return [in_form(case, call, large=True) for case in (
+        fitted(1, sizes.max_seq, 9, common, 0, "contiguous", 31),
+        fitted(2, 256, 5, widest, 4000, "transposed", 32),
+        fitted(1, 1000, 5, odd, 100, "padded", 33),
+        fitted(64, 1, 33, common, 8000, "contiguous", 34),
+    )]
+
+
+def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:
+    """The input past 2^31 elements (strategies.sizes.HUGE_ELEMENTS): 64 rows of 32 heads
+    of 128 (4 r with a partial rotary dim r) counting up from different offsets; a kernel
+    that indexes with int32 offsets wraps around past element 2^31 - 1."""
+    head_dim = 128 if rotary_dim is None else 4 * rotary_dim
+    heads, batch = 32, 64
+    seq = -(-HUGE_ELEMENTS // (batch * heads * head_dim))
+    rows = tuple(tuple(range(o, o + seq)) for o in range(0, 7 * batch, 7))
+    return in_form(Case(dtype, batch, seq, heads, head_dim, rows, "contiguous", 1.0, 41), call, large=True)
 
 
 def counts_up(case: Case) -> bool:

@@ -184,7 +184,7 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
           inplace: bool = False, profile: str = "ci", seed: Optional[int] = None,
           max_examples: Optional[int] = None, timeout: float = DEFAULT_TIMEOUT,
           strict_layouts: bool = False, known_failures=None, shipped_known_failures: bool = True,
-          in_process: bool = False, device: Optional[str] = None, modes=None) -> Report:
+          in_process: bool = False, device: Optional[str] = None, modes=None, sizes=None) -> Report:
     """Check ``target`` against the RoPE properties; see the module docstring.
 
     target: a Python callable (or ``Target``) in its call form, or a name as ``ropecheck check``
@@ -197,7 +197,10 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
         multimodal and xPos families (``--family``); list values may be lists.
     dtypes, properties: what to run (default: all); a string may be comma-separated.
     profile: "ci" (the default here: derandomized, so a test suite is deterministic),
-        "dev" or "thorough"; seed: the hypothesis seed for the others (default random).
+        "dev", "thorough" or "production" (derandomized, at production sizes); seed: the
+        hypothesis seed for the random ones (default random).
+    sizes: "toy" or "production", then key=value overrides, as ``--sizes`` (default: the
+        profile's).
     known_failures: TOML files of known failures, besides ropecheck's shipped ones
         (``shipped_known_failures=False`` leaves those out).
     in_process: call a named target in this process instead of a worker process.
@@ -207,6 +210,8 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    options = RunOptions(profile=profile, timeout=timeout, max_examples=max_examples,
+                         strict_layouts=strict_layouts, sizes=sizes)  # ValueError: bad sizes
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples must be at least 1, got {max_examples}")
     here = IN_PROCESS_ASKED if in_process else ("" if is_named(target) or target is None else IN_PROCESS_OBJECT)
@@ -223,15 +228,13 @@ def check(target=None, *, call: Optional[str] = None, layout: Optional[str] = No
         prepared = prepare(spec, _words(dtypes), timeout, run_modes=modes)
     except UnusableTarget as exc:
         return Report(name, "unusable", reason=str(exc), in_process=here)
-    seed = run_seed(seed, profile)
-    options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
-                         strict_layouts=strict_layouts)
+    seed = options.seed = run_seed(seed, profile)
     keywords = dict(call=call, layout=layout, base=base, rotary_dim=rotary_dim, scaling=scaling, family=family,
                     axes=axes, sections=sections, split=split, mrope_interleaved=mrope_interleaved,
                     scale_base=scale_base, gamma=gamma, dtypes=prepared.dtypes, max_position=max_position,
                     backward=backward, inplace=inplace, profile=profile if profile != "ci" else None,
                     max_examples=max_examples, strict_layouts=strict_layouts, in_process=in_process,
-                    device=device)
+                    device=device, sizes=sizes)
     session = Session(prepared.target, prepared.dtypes, chosen, options, known=known, crashes=prepared.crashes,
                       unsupported=prepared.unsupported, range_probe=spec.range_probe(_words(properties)),
                       reproduce=_reproduce(target, keywords, seed), modes=prepared.modes)

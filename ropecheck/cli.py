@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
+from ropecheck.properties.sizes import sizes_lines
 from ropecheck.reference import LAYOUTS
 from ropecheck import known_failures
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
@@ -211,7 +212,12 @@ output_option = grouped("Output")
 @family_option("--gamma", type=float,
                help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
 @run_option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
-            help="Example budget: ci (derandomized), dev, thorough.")
+            help="Example budget: ci (derandomized), dev, thorough; production (derandomized, at "
+                 "production sizes).")
+@run_option("--sizes", "sizes",
+            help="Input sizes: toy (every profile but production) or production (head sizes 64..512, seq "
+                 "up to 8192, q/k head ratios 1/4/8/32, and on a CUDA device with the memory one input past "
+                 "2^31 elements), then key=value overrides, e.g. production,head_dims=192/256,max_seq=4096.")
 @run_option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
 @run_option("--dtype", "dtypes", multiple=True,
             help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
@@ -234,7 +240,7 @@ output_option = grouped("Output")
 @output_option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
 @output_option("--debug", is_flag=True, help="Show tracebacks.")
 def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_backward, inplace,
-          profile, seed, property_names, max_examples, timeout, strict_layouts, in_process,
+          profile, sizes, seed, property_names, max_examples, timeout, strict_layouts, in_process,
           json_path, junit_path, known_paths, no_known_failures, debug, family=None, axes=None,
           sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None,
           call=None, device=None, run_modes=()):
@@ -243,10 +249,10 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     console = Console(stderr=False, highlight=False)
     records = Records(json_path, junit_path, target or DEFAULT_TARGET)
     on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
-    options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
-                         strict_layouts=strict_layouts)
     defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
     try:
+        options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
+                             strict_layouts=strict_layouts, sizes=sizes)
         spec = spec_for(target, family, layout=layout, base=base, nd_base=nd_base, rotary_dim=rotary_dim,
                         scaling=scaling, axes=axes, sections=sections, split=split,
                         mrope_interleaved=mrope_interleaved, scale_base=scale_base, gamma=gamma,
@@ -270,13 +276,15 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     options.seed = seed
     extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
         ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \
-        (["--strict-layouts"] if strict_layouts else [])
+        (["--strict-layouts"] if strict_layouts else []) + options.sizes_flag
     session = Session(built, usable, properties, options, known=known, crashes=prepared.crashes,
                       unsupported=prepared.unsupported, range_probe=spec.range_probe(property_names),
                       reproduce=_reproduce_command(target, spec, usable, profile, seed, extra), modes=run_modes)
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
                   + ("" if built.max_position is None else f", positions 0 .. {built.max_position}")
                   + ("" if getattr(built, "device", "cpu") == "cpu" else f", inputs on {built.device}"))
+    for line in sizes_lines(options.sizes, getattr(built, "device", "cpu"), usable):
+        console.print(line)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:

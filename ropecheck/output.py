@@ -154,6 +154,7 @@ def session_dict(session) -> dict:
                          "max_position": getattr(session.target, "max_position", None)},
         "device": getattr(session.target, "device", "cpu"),
         "profile": session.options.profile,
+        "sizes": session.options.sizes.spec(),
         "seed": session.options.seed,
         "dtypes": session.dtypes,
         "modes": list(session.modes),

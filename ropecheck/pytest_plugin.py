@@ -14,6 +14,7 @@ from typing import NamedTuple
 import pytest
 
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
+from ropecheck.properties.sizes import parse as parse_sizes
 from ropecheck.calling import DEFAULT_TIMEOUT
 from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, run_seed,
                                probe_position_range, resolve_dtypes, warm_up)
@@ -64,6 +65,8 @@ OPTIONS = (
     RopeOption("rope_inplace", "the target writes its output into x and returns it", bool),
     RopeOption("rope_profile", f"example budget (default {DEFAULT_PROFILE})", choices=tuple(PROFILES),
                default=DEFAULT_PROFILE),
+    RopeOption("rope_sizes", "input sizes: toy or production, then key=value overrides, as ropecheck check "
+               "--sizes (default: the profile's)"),
     RopeOption("rope_seed", "hypothesis seed (default: random, shown in the header)", int),
     RopeOption("rope_max_examples", "override the profile's examples per check", int),
     RopeOption("rope_timeout", f"seconds one call of the target may take (default {DEFAULT_TIMEOUT:g})", float,
@@ -232,6 +235,8 @@ def pytest_configure(config):
         raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
     try:
         run_modes = config.option.rope_mode = modes.parse(config.getoption("--rope-mode"))
+        if config.getoption("--rope-sizes"):
+            parse_sizes(config.getoption("--rope-sizes"))
     except ValueError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
     added = _add_suite(config)
@@ -270,7 +275,7 @@ def rope_options(request) -> RunOptions:
     get = request.config.getoption
     return RunOptions(profile=get("--rope-profile"), seed=get("--rope-seed"),
                       timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"),
-                      strict_layouts=get("--rope-strict-layouts"))
+                      strict_layouts=get("--rope-strict-layouts"), sizes=get("--rope-sizes"))
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ from rich.markup import escape
 from ropecheck.properties import position_range
 from ropecheck.properties.checks import ONE_D
 from ropecheck.properties.property import Property, smoke_call as family_smoke_call
-from ropecheck.properties.runner import Result, RunOptions, run_property, selected_properties, wants_range_probe
+from ropecheck.properties.runner import (PROFILES, Result, RunOptions, run_property, selected_properties,
+                                         wants_range_probe)
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck import devices, known_failures, modes
 from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
@@ -402,6 +403,6 @@ def default_seed() -> int:
 
 
 def run_seed(seed: Optional[int], profile: str) -> Optional[int]:
-    """The hypothesis seed a run uses: the one given; none for the derandomized ci profile;
-    else a random one, printed so that the run can be replayed."""
-    return seed if seed is not None or profile == "ci" else default_seed()
+    """The hypothesis seed a run uses: the one given; none for a derandomized profile (ci,
+    production); else a random one, printed so that the run can be replayed."""
+    return seed if seed is not None or PROFILES[profile].get("derandomize") else default_seed()

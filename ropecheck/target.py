@@ -58,9 +58,11 @@ class Convention:
     def amplitude(self) -> float:
         return float(self.scaling.attention_factor())
 
-    def theta(self, head_dim: int, positions=None) -> np.ndarray:
-        """theta_i for the call at ``positions`` (they matter only to dynamic scalings)."""
-        seq_len = None if positions is None else self.seq_len(positions)
+    def theta(self, head_dim: int, positions=None, seq_len: Optional[int] = None) -> np.ndarray:
+        """theta_i for the call at ``positions`` (they matter only to dynamic scalings;
+        ``seq_len``: the whole call's, when ``positions`` are a chunk of it)."""
+        if seq_len is None:
+            seq_len = None if positions is None else self.seq_len(positions)
         return self.scaling.inv_freq(self.rotary_dim_for(head_dim), self.base, seq_len)
 
     def exponent_log_base(self, head_dim: int) -> np.ndarray:
@@ -68,11 +70,12 @@ class Convention:
         r = self.rotary_dim_for(head_dim)
         return np.arange(0, r, 2, dtype=np.float64) / r * math.log(self.base)
 
-    def apply(self, x, positions, *, inverse: bool = False) -> np.ndarray:
+    def apply(self, x, positions, *, inverse: bool = False, seq_len: Optional[int] = None) -> np.ndarray:
         """The float64 rotation R_m x (``inverse``: R_m^T x) for x (any float array) at
-        integer positions, *without* the amplitude: checks compare outputs divided by it."""
+        integer positions, *without* the amplitude: checks compare outputs divided by it.
+        ``seq_len``: the whole call's, when x and positions are a chunk of it."""
         x = np.asarray(x, dtype=np.float64)
-        theta = self.theta(x.shape[-1], positions)
+        theta = self.theta(x.shape[-1], positions, seq_len)
         positions = np.asarray(positions)
         return reference.apply_rope(x, -positions if inverse else positions, layout=self.layout,
                                     rotary_dim=self.rotary_dim, theta=theta)

@@ -101,11 +101,12 @@ class ErrorModel:
         return U32 * m[..., None] * per_freq
 
     @classmethod
-    def declared_angle_error(cls, positions, convention, head_dim: int) -> np.ndarray:
+    def declared_angle_error(cls, positions, convention, head_dim: int, seq_len=None) -> np.ndarray:
         """angle_error for the frequencies a Convention declares at this head size (its
-        scaling's extra operations and gain included): shape (*positions.shape, r/2)."""
+        scaling's extra operations and gain included): shape (*positions.shape, r/2).
+        ``seq_len``: the whole call's, when ``positions`` are a chunk of it."""
         scaling = convention.scaling
-        return cls.angle_error(positions, convention.theta(head_dim, positions),
+        return cls.angle_error(positions, convention.theta(head_dim, positions, seq_len),
                                convention.exponent_log_base(head_dim), scaling.theta_ops,
                                scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base))
 
@@ -134,17 +135,18 @@ class ErrorModel:
         so only the arithmetic term counts."""
         return math.sqrt(2.0) * vector_norms * self.ops * self.unit + self.floor
 
-    def element_bound(self, x64, positions, convention, strict: bool = False) -> np.ndarray:
+    def element_bound(self, x64, positions, convention, strict: bool = False, seq_len=None) -> np.ndarray:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
         declared convention: the pair bound with the per-frequency angle allowance on
-        rotated features; one output rounding on pass-through features."""
+        rotated features; one output rounding on pass-through features. ``seq_len``: the
+        whole call's, when x64 and positions are a chunk of it."""
         from ropecheck.reference import pair_indices
 
         x64 = np.asarray(x64, dtype=np.float64)
         head_dim = x64.shape[-1]
         i, j = pair_indices(convention.rotary_dim_for(head_dim), convention.layout)
         rho = np.hypot(x64[..., i], x64[..., j])
-        dphi = self.declared_angle_error(positions, convention, head_dim)[:, :, None, :]
+        dphi = self.declared_angle_error(positions, convention, head_dim, seq_len)[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair

@@ -448,7 +448,7 @@ HELP_GROUPS = {
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
                "--scale-base", "--gamma"),
-    "Run": ("--profile", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout",
+    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),
 }

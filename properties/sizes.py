@@ -1,0 +1,172 @@
+"""The sizes a run draws its inputs at: ``toy`` (small, fast, minimal counterexamples: every
+profile but ``production``) or ``production`` (what serving and training hand a kernel:
+head sizes 64 .. 512, sequences up to 8192, 32 query heads per key head, token x head
+products in the tens of thousands, and on a device with the memory a tensor past 2^31
+elements, where int32 index arithmetic overflows).
+
+``--sizes NAME[,key=value...]`` picks a set and overrides its fields; lists are written
+with ``/``: ``--sizes production,head_dims=192/256,max_seq=4096``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+# A drawn production input holds at most this many elements (x, or q and k together): the
+# spec-free checks hold a few float64 copies of it (2^24 elements: 128 MiB each).
+PRODUCTION_ELEMENTS = 2**24
+# The huge input: past 2^31 elements, so a kernel indexing with int32 offsets wraps around.
+HUGE_ELEMENTS = 2**31 + 2**26
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Which sizes inputs are drawn at. ``head_dims``: whole-head sizes (a partial rotary
+    dimension r keeps the sizes models pair with r); ``max_seq``: the longest sequence;
+    ``heads``: x's heads (and q's in the qk form); ``ratios``: q heads per k head in the qk
+    form; ``max_elements``: a drawn input's elements at most (its sequence is cut to fit);
+    ``huge``: try one input past 2^31 elements: ``auto`` on a CUDA device, ``yes`` on any,
+    where the device and the host have the memory (``huge_plan``); ``no``."""
+
+    name: str
+    head_dims: tuple = (8, 80, 128)
+    max_seq: int = 24
+    heads: tuple = (1, 2, 3)
+    ratios: tuple = ()  # empty: q heads from heads, k heads any divisor (the toy rule)
+    max_elements: int = 2**20
+    huge: str = "no"
+
+    @property
+    def production(self) -> bool:
+        return self.max_seq > 24 or max(self.head_dims) > 128
+
+    def spec(self) -> str:
+        """The ``--sizes`` value that gives these sizes."""
+        base = SIZES.get(self.name)
+        if base == self:
+            return self.name
+        changed = [f.name for f in fields(self) if f.name != "name" and getattr(self, f.name) != getattr(base, f.name)]
+        return ",".join([self.name] + [f"{k}={_show(getattr(self, k))}" for k in changed])
+
+    def describe(self) -> str:
+        return (f"sizes {self.spec()}: head sizes {'/'.join(map(str, self.head_dims))}, "
+                f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
+                + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else ""))
+
+
+def _show(value) -> str:
+    return "/".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+SIZES = {
+    "toy": Sizes("toy"),
+    "production": Sizes("production", head_dims=(64, 80, 96, 128, 192, 256, 512), max_seq=8192,
+                        heads=(1, 2, 8, 32), ratios=(1, 4, 8, 32),
+                        max_elements=PRODUCTION_ELEMENTS, huge="auto"),
+}
+TOY = SIZES["toy"]
+
+
+def _positive_ints(key: str, text: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--sizes {key}: expected integers separated by '/', got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--sizes {key}: expected positive integers, got {text!r}")
+    return values
+
+
+def parse(spec: str) -> Sizes:
+    """``NAME[,key=value...]`` -> Sizes; ValueError with the accepted forms otherwise."""
+    name, *overrides = [part.strip() for part in spec.split(",")]
+    if name not in SIZES:
+        raise ValueError(f"--sizes: unknown size set {name!r}; known: {', '.join(SIZES)} "
+                         "(then key=value overrides, e.g. production,head_dims=192/256)")
+    sizes = SIZES[name]
+    keys = [f.name for f in fields(Sizes) if f.name != "name"]
+    for item in overrides:
+        key, _, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in keys or not value:
+            raise ValueError(f"--sizes: expected key=value with key one of {', '.join(keys)}, got {item!r}")
+        if key == "huge":
+            if value not in ("auto", "yes", "no"):
+                raise ValueError(f"--sizes huge: auto, yes or no, got {value!r}")
+            parsed = value
+        else:
+            parsed = _positive_ints(key, value)
+            if key in ("max_seq", "max_elements"):
+                if len(parsed) != 1:
+                    raise ValueError(f"--sizes {key}: one integer, got {value!r}")
+                parsed = parsed[0]
+        sizes = replace(sizes, **{key: parsed})
+    return sizes
+
+
+# Bytes the huge input costs, in units of its own size: on the device, x, the output and
+# the temporaries of an eager kernel (cos, sin, rotate_half(x) and a product: six in all);
+# on the host, x and the output, each also serialised once on its way to and from the
+# worker process, and the worker's copies of both.
+DEVICE_COPIES = 6
+HOST_COPIES = 8
+
+
+def _host_available() -> int:
+    """Bytes of memory available on this host (Linux's MemAvailable; 0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _device_free(device: str) -> int:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
+def huge_plan(sizes: Sizes, device: str, dtype: str) -> tuple[bool, str]:
+    """Whether a run tries the input past 2^31 elements, and a line saying why (not)."""
+    if sizes.huge == "no":
+        return False, ""
+    import torch
+
+    from ropecheck.dtypes import torch_dtype
+
+    nbytes = HUGE_ELEMENTS * torch.empty((), dtype=torch_dtype(dtype)).element_size()
+    gib = 2**30
+    what = f"the input past 2^31 elements ({nbytes / gib:.1f} GiB in {dtype})"
+    if sizes.huge == "auto" and not device.startswith("cuda"):
+        return False, (f"{what}: not tried on {device} (it is tried on a CUDA device with the "
+                       "memory; --sizes production,huge=yes tries it anywhere)")
+    needs = [("the host", _host_available(), HOST_COPIES * nbytes)]
+    if device != "cpu":
+        needs.append((device, _device_free(device), DEVICE_COPIES * nbytes))
+    short = [f"{where} has {have / gib:.0f} GiB free of the {need / gib:.0f} GiB it needs"
+             for where, have, need in needs if have < need]
+    if short:
+        return False, f"{what}: not tried: " + "; ".join(short)
+    return True, f"{what}: tried by reference, compared in chunks"
+
+
+def huge_fits(sizes: Sizes, device: str, dtype: str) -> bool:
+    return huge_plan(sizes, device, dtype)[0]
+
+
+def sizes_lines(sizes: Sizes, device: str, dtypes) -> list[str]:
+    """What a run's header says of its sizes: nothing for toy ones; the sizes, and for each
+    dtype whether the input past 2^31 elements is tried."""
+    if sizes == TOY:
+        return []
+    lines = [sizes.describe()]
+    for dtype in dtypes:
+        if dtype != "-":
+            said = huge_plan(sizes, device, dtype)[1]
+            lines += [said] if said else []
+    return lines
