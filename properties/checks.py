@@ -23,7 +23,8 @@ from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, 
 from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
 from ropecheck.properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
                                    example_grad_layout, grad_layouts, in_form, large_cases, max_position_for,
-                                   position_grids, production_cases, huge_case, scales, within)
+                                   position_grids, production_cases, huge_case, scales, within,
+                                   SCORES_MAX_SEQ)
 from ropecheck.properties.sizes import huge_fits
 from ropecheck.calling import CallError
 from ropecheck.dtypes import torch_dtype
@@ -302,11 +303,6 @@ def _scores_under_shift(ctx: Context, case: Case, shift: int, unit_scale: bool =
     bound = (np.einsum("bih,bjh->bhij", nq, nk)
              * (e[:, None, :, None] + e[:, None, None, :]) * (1 + e.max())) + ctx.model.floor
     return scores[0], scores[1], bound, p
-
-
-# The score checks hold (batch, heads, seq, seq) arrays: at production sizes their
-# sequences stop here (the per-element checks take the longest).
-SCORES_MAX_SEQ = 128
 
 
 @register(name="relativity",

@@ -32,7 +32,10 @@ from hypothesis import strategies as st
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
-from ropecheck.properties.strategies import example_grad_layout, grad_layouts, k_heads, packed_lengths, prime_step
+from ropecheck.properties.sizes import TOY, Sizes
+from ropecheck.properties.strategies import (SCORES_MAX_SEQ, cut_lengths, example_grad_layout, fitted_seq,
+                                             grad_layouts, grouped_heads, head_counts, k_heads, packed_lengths,
+                                             prime_step, seq_lengths, small_offsets)
 from ropecheck.reference.nd import PairRotation
 from ropecheck.dtypes import torch_dtype
 from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
@@ -91,24 +94,36 @@ class NDTarget:
         return max(self.limit - int(positions.max()), 1)
 
 
-def nd_cases(target: NDTarget, dtype: str):
+def nd_cases(target: NDTarget, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None):
+    """N-D inputs at ``sizes`` (the target's own head sizes; ``max_seq``: a property's cap)."""
+    longest = min(sizes.max_seq, max_seq or sizes.max_seq)
+
     @st.composite
     def draw(d):
-        b, s, h = d(st.integers(1, 2)), d(st.integers(1, 4)), d(st.integers(1, 2))
+        b = d(st.integers(1, 2))
+        s = d(seq_lengths(st.integers(1, 4), 1, longest))
+        h = d(head_counts(sizes, st.integers(1, 2)))
+        # (q heads, k heads) at sizes with q/k ratios; else drawn below (toy: 4 + 4 at most)
+        grouped = d(grouped_heads(sizes.ratios, False)) if target.call == "qk" and sizes.ratios else None
         lengths = ()
         if target.call == "packed":  # one row of sequences of different lengths, empty ones too
-            lengths = tuple(d(packed_lengths(1)))
+            lengths = tuple(d(packed_lengths(1, longest)))
             b, s = 1, sum(lengths)
         head_dim = d(st.sampled_from(target.head_dims))
+        wide = (sum(grouped) if grouped else 8) if target.call == "qk" else h
+        if target.call == "packed":
+            lengths = tuple(cut_lengths(lengths, 1, wide * head_dim, sizes))
+            s = sum(lengths)
+        else:
+            s = fitted_seq(s, 1, b * wide * head_dim, sizes)
         top = target.limit // 2 - 64  # inputs stay below half the limit
         base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
-        p = d(st.lists(st.integers(0, 64), min_size=b * s * target.n_axes, max_size=b * s * target.n_axes))
-        p = (np.asarray(p, dtype=np.int64) + base).reshape(b, s, target.n_axes)
+        p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
         case = Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
         if target.call == "qk":  # q's heads, then GQA / MQA k's (1 < k_heads < q_heads with 4)
-            q_heads = d(st.sampled_from((1, 2, 4)))
-            case = replace(case, heads=q_heads, call="qk", k_heads=d(k_heads(q_heads, False)),
-                           separate=d(st.booleans()))
+            q_heads = grouped[0] if grouped else d(st.sampled_from((1, 2, 4)))
+            kv = grouped[1] if grouped else d(k_heads(q_heads, False))
+            case = replace(case, heads=q_heads, call="qk", k_heads=kv, separate=d(st.booleans()))
         if target.call == "packed":
             case = replace(case, call="packed", lengths=lengths)
         return case
@@ -138,7 +153,8 @@ def _norms(v):
 
 
 # N-D RoPE (axial, M-RoPE, spec-free N-D): rope(x, positions) with positions (batch, seq, n_axes)
-ND = Family("N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype))
+ND = Family("N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes,
+                                                        prop.case_options.get("max_seq")))
 
 
 ND_PROPERTIES: dict[str, Property]
@@ -190,7 +206,7 @@ def _shift_extra(ctx, case):
 
 
 @nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
-             extras=_shift_extra)
+             extras=_shift_extra, case_options={"max_seq": SCORES_MAX_SEQ})
 def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
     shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
     shift[axis] = c
@@ -201,7 +217,7 @@ def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
              extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
                  st.integers(-int(case.axes_array().min()), min(4096, ctx.target.room(case.axes_array()))),
                  min_size=ctx.target.n_axes,
-                 max_size=ctx.target.n_axes)}))
+                 max_size=ctx.target.n_axes)}), case_options={"max_seq": SCORES_MAX_SEQ})
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
 

@@ -139,13 +139,27 @@ def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
 LONG_SEQS = (127, 128, 129, 1000, 2048, 4095, 4096, 8191, 8192)
 
 
+# The checks that compare attention scores hold (batch, heads, seq, seq) arrays: at
+# production sizes their sequences stop here (the per-element checks take the longest).
+SCORES_MAX_SEQ = 128
+
+
+@lru_cache(maxsize=None)
+def seq_lengths(short: st.SearchStrategy, min_seq: int, max_seq: int) -> st.SearchStrategy[int]:
+    """A family's sequence lengths at sizes whose longest is ``max_seq``: its own ``short``
+    ones at the toy sizes' (24); else short ones, the LONG_SEQS that fit, and any."""
+    if max_seq == TOY.max_seq:
+        return short
+    top = max(min_seq, max_seq)
+    long = [n for n in LONG_SEQS if min_seq <= n <= top]
+    return st.one_of(st.integers(min_seq, max(min_seq, min(8, top))), st.integers(min_seq, top),
+                     *([st.sampled_from(long)] if long else []))
+
+
 @lru_cache(maxsize=None)
 def _seqs(min_seq: int, max_seq: int = 24) -> st.SearchStrategy[int]:
     short = st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24), st.just(max(min_seq, 1)))
-    if max_seq <= 24:
-        return short
-    long = [n for n in LONG_SEQS if min_seq <= n <= max_seq] or [max_seq]
-    return st.one_of(short, st.sampled_from(long), st.integers(min_seq, max_seq))
+    return seq_lengths(short, min_seq, max_seq)
 
 
 @lru_cache(maxsize=None)
@@ -156,9 +170,31 @@ def _heads(counts: tuple) -> st.SearchStrategy[int]:
     return st.sampled_from(counts)
 
 
-def _fitted_seq(seq: int, min_seq: int, elements_per_token: int, max_elements: int) -> int:
-    """A drawn sequence cut so that the input holds at most ``max_elements``."""
-    return max(min_seq, 1, min(seq, max_elements // max(elements_per_token, 1)))
+def head_counts(sizes: Sizes, short: st.SearchStrategy) -> st.SearchStrategy[int]:
+    """A family's head counts: its own ``short`` ones at the toy sizes' heads, else the sizes'."""
+    return short if sizes.heads == TOY.heads else _heads(sizes.heads)
+
+
+def small_offsets(draw, count: int, spread: int) -> np.ndarray:
+    """``count`` integers in [0, spread]: drawn one by one for a short input, from a drawn
+    seed past DRAWN_TOKENS of them (hypothesis' choice budget)."""
+    if count > DRAWN_TOKENS:
+        return np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, spread + 1, count)
+    return np.asarray(draw(st.lists(st.integers(0, spread), min_size=count, max_size=count)), dtype=np.int64)
+
+
+def fitted_seq(seq: int, min_seq: int, elements_per_token: int, sizes: Sizes) -> int:
+    """A drawn sequence cut so that the input holds at most the sizes' ``max_elements``."""
+    return max(min_seq, 1, min(seq, sizes.max_elements // max(elements_per_token, 1)))
+
+
+def cut_lengths(lengths, min_seq: int, elements_per_token: int, sizes: Sizes) -> list:
+    """Packed sequence lengths cut (the last ones first) to the sizes' element budget."""
+    out, left = [], fitted_seq(sum(lengths), min_seq, elements_per_token, sizes)
+    for n in lengths:
+        out.append(min(n, left))
+        left -= out[-1]
+    return out
 
 
 @st.composite
@@ -176,8 +212,7 @@ def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, po
     else:  # k's heads drawn last (below), as runs before production sizes drew them
         heads, kv = draw(st.sampled_from(Q_HEADS)), None
     head_dim = draw(head_dims(rotary_dim, sizes))
-    seq = _fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim,
-                      sizes.max_elements)
+    seq = fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim, sizes)
     limit = min(max_position, max_position_for(head_dim))
     grid = (draw(position_grids(batch, seq, limit, row_offsets)) if positions
             else np.zeros((batch, seq), dtype=np.int64))
@@ -254,22 +289,13 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
         lengths += [1] * max(min_seq - sum(lengths), 0)
         starts = [0] * len(lengths)
     heads = draw(_heads(sizes.heads))
-    lengths = _cut(lengths, _fitted_seq(sum(lengths), min_seq, heads * head_dim, sizes.max_elements))
+    lengths = cut_lengths(lengths, min_seq, heads * head_dim, sizes)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
     usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
     return Case(dtype=dtype, batch=1, seq=int(row.size), heads=heads,
                 head_dim=head_dim, positions=(tuple(row.tolist()),),
                 memory=draw(st.sampled_from(usable)), scale=draw(st.sampled_from(scales(dtype))),
                 seed=draw(st.integers(0, 2**16)), call="packed", lengths=tuple(lengths))
-
-
-def _cut(lengths: list, total: int) -> list:
-    """Packed sequence lengths cut (the last ones first) to ``total`` tokens at most."""
-    out, left = [], total
-    for n in lengths:
-        out.append(min(n, left))
-        left -= out[-1]
-    return out
 
 
 @lru_cache(maxsize=None)
@@ -362,7 +388,7 @@ def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
     odd = next((d for d in dims if d > 128 and d & (d - 1)), widest)
 
     def fitted(batch, seq, heads, head_dim, start, memory, seed) -> Case:
-        seq = _fitted_seq(seq, 1, batch * heads * head_dim, sizes.max_elements)
+        seq = fitted_seq(seq, 1, batch * heads * head_dim, sizes)
         rows = tuple(tuple(range(start + 1000 * b, start + 1000 * b + seq)) for b in range(batch))
         return Case(dtype, batch, seq, heads, head_dim, rows, memory, 1.0, seed)
 

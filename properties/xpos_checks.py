@@ -106,7 +106,9 @@ from hypothesis import strategies as st
 from ropecheck.properties.assertions import assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from ropecheck.properties.strategies import example_grad_layout, grad_layouts, k_heads, prime_step
+from ropecheck.properties.sizes import TOY, Sizes
+from ropecheck.properties.strategies import (SCORES_MAX_SEQ, example_grad_layout, fitted_seq, grad_layouts,
+                                             grouped_heads, k_heads, prime_step, seq_lengths, small_offsets)
 from ropecheck.reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
 from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 from ropecheck.dtypes import torch_dtype
@@ -175,23 +177,28 @@ class XposTarget:
         return prime_step(POSITION_STEP, self.max_position // 2)
 
 
-def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0):
+def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
     """One (q, k) input in the qk form: q's heads (1, 2 or 4), then k's: as many most of the
     time, else a divisor of q's (GQA; one head, MQA, the likeliest), in one tensor or in
     storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
-    spread over the range."""
+    spread over the range. At production ``sizes``: their heads and q/k ratios, sequences
+    up to SCORES_MAX_SEQ (every xPos check compares scores)."""
     top = target.max_position - headroom
+    longest = min(sizes.max_seq, SCORES_MAX_SEQ)
 
     @st.composite
     def draw(d):
-        b, s, h = d(st.integers(1, 2)), d(st.integers(min_seq, 5)), d(st.sampled_from((1, 2, 4)))
+        b, s = d(st.integers(1, 2)), d(seq_lengths(st.integers(min_seq, 5), min_seq, longest))
+        # (q heads, k heads) at sizes with q/k ratios; else k's drawn last
+        h, kv = d(grouped_heads(sizes.ratios, False)) if sizes.ratios else (d(st.sampled_from((1, 2, 4))), None)
         spread = min(d(st.sampled_from((8, 64, top))), top)
         start = d(st.sampled_from((0, 0, 7, 1000, top - spread)))
         start = max(0, min(start, top - spread))
-        p = d(st.lists(st.integers(0, spread), min_size=b * s, max_size=b * s))
-        p = (np.asarray(p, dtype=np.int64) + start).reshape(b, s)
-        return Case(dtype, b, s, h, d(st.sampled_from(target.head_dims)), nested(p),
-                    seed=d(st.integers(0, 2**16)), call="qk", k_heads=d(st.one_of(st.just(h), k_heads(h, False))),
+        s = fitted_seq(s, min_seq, b * (h + (h if kv is None else kv)) * max(target.head_dims), sizes)
+        p = (small_offsets(d, b * s, spread) + start).reshape(b, s)
+        head_dim, seed = d(st.sampled_from(target.head_dims)), d(st.integers(0, 2**16))
+        kv = d(st.one_of(st.just(h), k_heads(h, False))) if kv is None else kv
+        return Case(dtype, b, s, h, head_dim, nested(p), seed=seed, call="qk", k_heads=kv,
                     separate=d(st.booleans()))
     return draw()
 
@@ -256,7 +263,8 @@ def _headroom(prop, target: XposTarget) -> int:
 
 
 def _xpos_cases(prop, ctx: XposContext):
-    return xpos_cases(ctx.target, ctx.dtype, prop.case_options.get("min_seq", 1), _headroom(prop, ctx.target))
+    return xpos_cases(ctx.target, ctx.dtype, prop.case_options.get("min_seq", 1), _headroom(prop, ctx.target),
+                      ctx.sizes)
 
 
 def _xpos_fixed(prop, ctx: XposContext) -> list:

@@ -177,7 +177,7 @@ def test_a_kernel_wrong_only_past_head_dim_128_fails_production_only(tmp_path):
     failed = record["results"][0]
     assert failed["status"] == "failed" and record["sizes"] == "production"
     assert ", 192) float32" in failed["counterexample"]
-    assert failed["reproduce"].endswith("--profile production --property reference")
+    assert failed["reproduce"].split("  (in Python")[0].endswith("--profile production --property reference")
     assert "seq up to 8192" in result.output and "past 2^31 elements" in result.output
 
 
@@ -206,3 +206,32 @@ def test_a_kernel_ignoring_the_batch_stride_fails_on_views_and_is_right_on_conti
         assert failed["status"] == "failed"
         batch, layout = re.match(r"x: shape \((\d+), .*\) float32, ([\w-]+),", failed["counterexample"]).groups()
         assert layout in ("transposed", "sbhd") and int(batch) >= 2, failed["counterexample"]
+
+
+def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
+    """N-D and xPos targets keep their own head sizes and take the production sequences,
+    heads and q/k ratios; checks that compare (seq x seq) scores stop at SCORES_MAX_SEQ."""
+    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget, nd_cases
+    from ropecheck.properties.strategies import SCORES_MAX_SEQ
+    from ropecheck.properties.xpos_checks import XposTarget, xpos_cases
+
+    nd = NDTarget("nd", lambda x, p: x, n_axes=3, head_dims=(16,), call="qk")
+    xpos = XposTarget("xpos", lambda q, k, p: (q, k))
+    assert ND_PROPERTIES["relativity-axis"].case_options["max_seq"] == SCORES_MAX_SEQ
+    assert checks.PROPERTIES["relativity"].case_options["max_seq"] == SCORES_MAX_SEQ
+    longest = {"nd": 0, "nd-scores": 0, "xpos": 0}
+
+    @settings(max_examples=120, derandomize=True, deadline=None)
+    @given(st.data())
+    def draw(data):
+        for name, strategy in (("nd", nd_cases(nd, "float32", PRODUCTION)),
+                               ("nd-scores", nd_cases(nd, "float32", PRODUCTION, SCORES_MAX_SEQ)),
+                               ("xpos", xpos_cases(xpos, "float32", sizes=PRODUCTION))):
+            case = data.draw(strategy)
+            assert int(np.prod(case.shape)) <= PRODUCTION.max_elements
+            assert case.heads // max(case.k_heads, 1) in PRODUCTION.ratios
+            longest[name] = max(longest[name], case.seq)
+
+    draw()
+    assert longest["nd"] > 1000 and SCORES_MAX_SEQ >= longest["nd-scores"] > 24
+    assert SCORES_MAX_SEQ >= longest["xpos"] > 24
