@@ -207,6 +207,17 @@ def test_a_bad_ini_value_is_a_usage_error(pytester):
     assert "rope_layout must be one of interleaved, half" in result.stderr.str()
 
 
+def test_rope_sizes_reach_the_run_and_a_bad_one_is_a_usage_error(pytester):
+    project(pytester, *SET_UP, 'rope_layout = "half"', 'rope_sizes = "production,head_dims=192,max_seq=64"')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "test_property and reference")
+    assert result.parseoutcomes()["failed"] == 1  # the sign-flipped kernel, at head size 192
+    assert ", 192) float32" in result.stdout.str()
+    project(pytester, *SET_UP, 'rope_sizes = "huge"')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown size set 'huge'" in result.stderr.str()
+
+
 def test_the_old_package_name_gets_a_one_line_hint(pytester):
     result = pytester.runpytest_subprocess("--pyargs", "properties", "--rope-target", "rotate-half")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

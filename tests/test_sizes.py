@@ -235,3 +235,15 @@ def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
     draw()
     assert longest["nd"] > 1000 and SCORES_MAX_SEQ >= longest["nd-scores"] > 24
     assert SCORES_MAX_SEQ >= longest["xpos"] > 24
+
+
+def test_sizes_from_python():
+    import ropecheck
+    from tests.size_kernels import padded_exponent
+
+    report = ropecheck.check(padded_exponent, layout="half", dtypes="float32", properties="reference",
+                             sizes="production,head_dims=192,max_seq=64")
+    assert report.verdict == "failed"
+    assert "sizes='production,head_dims=192,max_seq=64'" in report.failures[0].reproduce
+    with pytest.raises(ValueError, match="unknown size set"):
+        ropecheck.check(padded_exponent, layout="half", sizes="big")
