@@ -48,8 +48,10 @@ class Sizes:
         changed = [f.name for f in fields(self) if f.name != "name" and getattr(self, f.name) != getattr(base, f.name)]
         return ",".join([self.name] + [f"{k}={_show(getattr(self, k))}" for k in changed])
 
-    def describe(self) -> str:
-        return (f"sizes {self.spec()}: head sizes {'/'.join(map(str, self.head_dims))}, "
+    def describe(self, head_dims: tuple = ()) -> str:
+        """One line; ``head_dims``: the sizes a target declares (N-D, xPos), shown instead."""
+        return (f"sizes {self.spec()}: head sizes {'/'.join(map(str, head_dims or self.head_dims))}"
+                + (" (the target's)" if head_dims else "") + ", "
                 f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
                 + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else ""))
 
@@ -159,14 +161,17 @@ def huge_fits(sizes: Sizes, device: str, dtype: str) -> bool:
     return huge_plan(sizes, device, dtype)[0]
 
 
-def sizes_lines(sizes: Sizes, device: str, dtypes) -> list[str]:
-    """What a run's header says of its sizes: nothing for toy ones; the sizes, and for each
-    dtype whether the input past 2^31 elements is tried."""
+def sizes_lines(sizes: Sizes, target, dtypes) -> list[str]:
+    """What a run's header says of its sizes: nothing for toy ones; the sizes (a target that
+    declares its head sizes keeps them), and for each dtype whether the input past 2^31
+    elements is tried (1-D targets: the only ones that try it)."""
     if sizes == TOY:
         return []
-    lines = [sizes.describe()]
+    declared = tuple(getattr(target, "head_dims", ()) or ())
+    lines = [sizes.describe(declared)]
+    device = getattr(target, "device", "cpu")
     for dtype in dtypes:
-        if dtype != "-":
+        if dtype != "-" and not declared:
             said = huge_plan(sizes, device, dtype)[1]
             lines += [said] if said else []
     return lines

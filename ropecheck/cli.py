@@ -283,7 +283,7 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
                   + ("" if built.max_position is None else f", positions 0 .. {built.max_position}")
                   + ("" if getattr(built, "device", "cpu") == "cpu" else f", inputs on {built.device}"))
-    for line in sizes_lines(options.sizes, getattr(built, "device", "cpu"), usable):
+    for line in sizes_lines(options.sizes, built, usable):
         console.print(line)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

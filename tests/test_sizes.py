@@ -233,6 +233,10 @@ def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
             longest[name] = max(longest[name], case.seq)
 
     draw()
+    from ropecheck.properties.sizes import sizes_lines
+    assert sizes_lines(PRODUCTION, nd, ["float32"]) == [
+        "sizes production: head sizes 16 (the target's), seq up to 8192, heads 1/2/8/32, q/k ratios 1/4/8/32"]
+    assert sizes_lines(TOY, nd, ["float32"]) == []
     assert longest["nd"] > 1000 and SCORES_MAX_SEQ >= longest["nd-scores"] > 24
     assert SCORES_MAX_SEQ >= longest["xpos"] > 24
 
