@@ -73,7 +73,8 @@ def _one_d_cases(prop, ctx: Context):
 
 def _example_fits(prop, case) -> bool:
     options = prop.case_options
-    return (case.batch >= options.get("min_batch", 1) and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
+    return (case.batch >= options.get("min_batch", 1)
+            and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
             and case.memory in options.get("memory", (case.memory,)))
 
 

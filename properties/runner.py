@@ -34,6 +34,10 @@ PROFILES = {
 }
 # The sizes a profile draws at, unless --sizes says otherwise: toy for the others.
 PROFILE_SIZES = {"production": "production"}
+
+
+def profile_sizes(profile: str) -> Sizes:
+    return SIZES[PROFILE_SIZES.get(profile, "toy")]
 DEFAULT_PROFILE = "dev"
 
 
@@ -92,19 +96,14 @@ class RunOptions:
 
     def __post_init__(self):
         if self.sizes is None:
-            self.sizes = SIZES[PROFILE_SIZES.get(self.profile, "toy")]
+            self.sizes = profile_sizes(self.profile)
         elif isinstance(self.sizes, str):
             self.sizes = parse_sizes(self.sizes)
 
     @property
     def sizes_flag(self) -> list:
         """``--sizes`` as a reproduce line needs it: nothing where the profile implies them."""
-        implied = SIZES[PROFILE_SIZES.get(self.profile, "toy")]
-        return [] if self.sizes == implied else ["--sizes", self.sizes.spec()]
-
-    @property
-    def derandomized(self) -> bool:
-        return bool(PROFILES[self.profile].get("derandomize"))
+        return [] if self.sizes == profile_sizes(self.profile) else ["--sizes", self.sizes.spec()]
 
     def settings(self) -> settings:
         chosen = dict(PROFILES[self.profile])

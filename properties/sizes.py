@@ -38,7 +38,8 @@ class Sizes:
 
     @property
     def production(self) -> bool:
-        return self.max_seq > 24 or max(self.head_dims) > 128
+        """Longer sequences or wider heads than the toy sizes."""
+        return self.max_seq > TOY.max_seq or max(self.head_dims) > max(TOY.head_dims)
 
     def spec(self) -> str:
         """The ``--sizes`` value that gives these sizes."""

@@ -268,7 +268,7 @@ def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]
     """Sequence lengths of a packed batch: one to four sequences of different lengths,
     empty ones among them (with longer ``max_seq``: long ones too)."""
     length = st.one_of(st.just(0), st.integers(1, 8), st.integers(1, 24))
-    if max_seq > 24:
+    if max_seq > TOY.max_seq:
         length = st.one_of(length, st.integers(1, max_seq))
     return st.lists(length, min_size=1, max_size=4).filter(lambda ls: sum(ls) >= max(min_total, 1))
 
@@ -401,7 +401,7 @@ def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
 
 
 def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:
-    """The input past 2^31 elements (strategies.sizes.HUGE_ELEMENTS): 64 rows of 32 heads
+    """The input past 2^31 elements (``sizes.HUGE_ELEMENTS``): 64 rows of 32 heads
     of 128 (4 r with a partial rotary dim r) counting up from different offsets; a kernel
     that indexes with int32 offsets wraps around past element 2^31 - 1."""
     head_dim = 128 if rotary_dim is None else 4 * rotary_dim

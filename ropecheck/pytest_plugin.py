@@ -235,8 +235,8 @@ def pytest_configure(config):
         raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
     try:
         run_modes = config.option.rope_mode = modes.parse(config.getoption("--rope-mode"))
-        if config.getoption("--rope-sizes"):
-            parse_sizes(config.getoption("--rope-sizes"))
+        if config.getoption("--rope-sizes"):  # parsed once: the fixture's RunOptions takes the Sizes
+            config.option.rope_sizes = parse_sizes(config.getoption("--rope-sizes"))
     except ValueError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
     added = _add_suite(config)
