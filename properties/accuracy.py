@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ropecheck import reference
+import ropecheck.reference as reference
 from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
-from ropecheck.calling import CallError
+from ropecheck.properties.interface import CallError
 
 SWEEP_HEADS = 4
 

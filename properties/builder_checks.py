@@ -13,17 +13,17 @@ Each family declares the properties it promises (data, not if/else in the checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.properties.interface import CallError, Subject
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
 from ropecheck.reference import multimodal as mm
-from ropecheck.calling import CallError, PlainCaller, executor_of
 
 
 @dataclass(frozen=True)
@@ -128,33 +128,14 @@ class Segments:
 
 
 @dataclass
-class BuilderTarget:
-    """A position builder under test: ``build_positions(segments) -> (tokens, n_axes)``, and
-    the family whose rules it claims to follow."""
-
-    name: str
-    fn: Callable
-    family: BuilderFamily
-    executor: Any = field(default=None, compare=False, repr=False)
-    dtypes: tuple = ("-",)  # it takes no tensors: one run, dtype "-"
-    backward: bool = False
-    inplace: bool = False
-    max_position: Optional[int] = None
-    convention = None
-    call = "segments"
-
-
-@dataclass
 class BuilderContext(FamilyContext):
     """The builder family's context: the builder behind the calling layer (time limit,
     exceptions as findings; it takes segments, not tensors, so no error model: positions
-    are compared exactly) and its family's rules."""
-
-    caller = PlainCaller
+    are compared exactly) and the rules of its family (its convention, a BuilderFamily)."""
 
     def __post_init__(self):
-        self.rope = self.caller(executor_of(self.target), self.timeout)
-        self.family = self.target.family
+        self.rope = self.target.caller(self.timeout)
+        self.family = self.target.convention
 
 
 def _segment_cases(prop: Property, ctx: BuilderContext):
@@ -162,17 +143,34 @@ def _segment_cases(prop: Property, ctx: BuilderContext):
         lambda segments: Segments(tuple(tuple(s) for s in segments)))
 
 
-def _promised(prop: Property, target: BuilderTarget) -> tuple:
-    if prop.name not in target.family.promises:
-        return False, f"not promised by {target.family.name}"
+def _promised(prop: Property, target: Subject) -> tuple:
+    if prop.name not in target.convention.promises:
+        return False, f"not promised by {target.convention.name}"
     return True, ""
 
 
 # Position builders: their input is a list of segments, their output positions compared exactly
-BUILDERS = Family("position builder", BuilderContext, _segment_cases, applies=_promised)
+BUILDERS = Family("position builder", BuilderContext, _segment_cases, applies=_promised, calls=("segments",),
+                  description="build_positions(segments) -> array (tokens, n_axes); segments "
+                              "('text', n), ('image', h, w), ('video', t, h, w)")
 
 BUILDER_PROPERTIES: dict[str, Property]
 BUILDER_PROPERTIES, builder_register = family_registry(BUILDERS)
+
+
+def _declare(name: str):
+    """The declaration of a builder family: its rules (a BuilderFamily) as the convention;
+    it takes segments, no tensors (dtype "-"), and has no backward."""
+    def declare(parameters: dict, own) -> Declaration:
+        try:
+            rules = family(name, parameters.get("axes"))
+        except ValueError as exc:
+            raise FamilyError(str(exc)) from None
+        return Declaration(rules, n_axes=rules.n_axes, dtypes=("-",))
+    return declare
+
+
+BUILDER_FAMILIES = tuple(BUILDERS.variant(f"{name}-builder", _declare(name)) for name in ("rope-tie", "rope-tv", "mrope"))
 
 
 def _builder_property(name: str, formula: str, text_around: bool = False):

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ropecheck.dtypes import torch_dtype
+from ropecheck.properties.dtypes import torch_dtype
 
 @dataclass(frozen=True)
 class Layout:

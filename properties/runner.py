@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.checks import PROPERTIES, Context
+from ropecheck.properties.one_d import Context
 from ropecheck.properties.property import Property
 from ropecheck.properties.diagnosis import likely_cause
 from ropecheck.properties.sizes import SIZES, Sizes, parse as parse_sizes
 from ropecheck.properties.strategies import FREE_HEAD_DIMS
-from ropecheck.calling import CallError, TargetHung
+from ropecheck.properties.interface import CallError, TargetHung
 
 PROFILES = {
     # derandomized, bounded: the same verdict on every run
@@ -337,21 +337,3 @@ def _describe(case, extras) -> str:
                  np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
              for k, v in extras.items()}
     return case.describe() + (f"; {shown}" if shown else "")
-
-
-RANGE_PROBE = "position-range"  # the probe the session runs before the properties
-
-
-def selected_properties(names=None) -> list[Property]:
-    """The properties named (all without names); the position-range probe is not one of
-    them (the session runs it: see ``wants_range_probe``)."""
-    if not names:
-        return list(PROPERTIES.values())
-    unknown = [n for n in names if n not in PROPERTIES and n != RANGE_PROBE]
-    if unknown:
-        raise ValueError(f"unknown properties {unknown}; known: {RANGE_PROBE}, {', '.join(PROPERTIES)}")
-    return [PROPERTIES[n] for n in names if n != RANGE_PROBE]
-
-
-def wants_range_probe(names=None) -> bool:
-    return not names or RANGE_PROBE in names

@@ -96,8 +96,7 @@ and a centred one past twice that. Distances range over 0 .. M as well.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -105,14 +104,17 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
-from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
+from ropecheck.properties.convention import XposConvention, scores
+from ropecheck.properties.interface import Subject
+from ropecheck.properties.property import (Declaration, Family, FamilyContext, FamilyError, Property, SmokeInput,
+                                           family_registry)
 from ropecheck.properties.sizes import TOY, Sizes
 from ropecheck.properties.strategies import (SCORES_MAX_SEQ, example_grad_layout, fitted_seq, grad_layouts,
                                              grouped_heads, k_heads, prime_step, seq_lengths, small_offsets)
-from ropecheck.reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
-from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.dtypes import torch_dtype
-from ropecheck.tolerance import U32
+from ropecheck.reference.relatives import xpos_zeta
+from ropecheck.reference.rope import DEFAULT_BASE, inv_freq, pair_indices
+from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.tolerance import U32
 
 XPOS_MAX_POSITION = 4096
 XPOS_OPS = 3.0  # the scale: rounded to the compute dtype, its reciprocal, the extra product
@@ -122,62 +124,13 @@ POSITION_STEP = 1009  # position-used: a prime step, so no pair's rotation comes
 SCORE_AXES = ("batch", "q head", "query", "key")
 
 
-@dataclass(frozen=True)
-class XposConvention:
-    layout: str = "interleaved"
-    base: float = DEFAULT_BASE
-    gamma: float = XPOS_GAMMA
-    scale_base: float = XPOS_SCALE_BASE
-
-    def __post_init__(self):
-        check_layout(self.layout)
-        if not (self.base > 1 and self.scale_base > 0 and self.gamma > 0):
-            raise ValueError(f"xPos needs base > 1, scale_base > 0, gamma > 0; got {self}")
-
-    @property
-    def description(self) -> str:
-        return (f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, "
-                f"gamma {self.gamma:g}")
-
-    def scores(self, q64, k64, positions) -> np.ndarray:
-        """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
-        return _scores(apply_xpos(q64, positions, role="query", **kw),
-                       apply_xpos(k64, positions, role="key", **kw))
-
-    def gradient_scores(self, gq64, gk64, positions) -> np.ndarray:
-        """Reference dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i for the
-        VJP at positions m, n: xPos with the roles swapped at -m, -n (the key role scales by
-        zeta^(+m/s), R_{-m} = R_m^T)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
-        negated = -np.asarray(positions)
-        return _scores(apply_xpos(gq64, negated, role="key", **kw),
-                       apply_xpos(gk64, negated, role="query", **kw))
+def position_step(target: Subject) -> int:
+    """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
+    half the declared range for the inputs."""
+    return prime_step(POSITION_STEP, target.max_position // 2)
 
 
-@dataclass
-class XposTarget:
-    name: str
-    fn: Callable  # xpos(q, k, positions) -> (q_out, k_out)
-    convention: XposConvention = field(default_factory=XposConvention)
-    head_dims: tuple = (8, 64)
-    max_position: int = XPOS_MAX_POSITION
-    inplace: bool = False  # read by Caller
-    executor: object = None  # where calls run (ropecheck.calling.executor_of)
-    backward: bool = True  # autograd flows through it (the backward property needs it)
-    dtypes: tuple = ("float32", "bfloat16", "float16", "float64")  # the dtypes a run may check
-    call: str = "qk"  # xPos takes q and k: the qk call form (ropecheck.call_forms)
-    device: str = "cpu"  # where its inputs are made (--device; read by Caller)
-    mode: str = "eager"  # how it is run (--mode; read by Caller)
-
-    @property
-    def position_step(self) -> int:
-        """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
-        half the declared range for the inputs."""
-        return prime_step(POSITION_STEP, self.max_position // 2)
-
-
-def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
+def xpos_cases(target: Subject, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
     """One (q, k) input in the qk form: q's heads (1, 2 or 4), then k's: as many most of the
     time, else a divisor of q's (GQA; one head, MQA, the likeliest), in one tensor or in
     storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
@@ -203,10 +156,6 @@ def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int =
     return draw()
 
 
-def _scores(q, k) -> np.ndarray:
-    return np.einsum("bihd,bjhd->bhij", q, k)
-
-
 def _qk(x64: np.ndarray, heads: int) -> tuple:
     """(q, k) of a canonical (batch, seq, q_heads + k_heads, head_dim) array, k's heads
     repeated to q's: q head h meets k head h // (q_heads / k_heads), the one it attends."""
@@ -229,7 +178,7 @@ class XposContext(FamilyContext):
         q heads, query, key), in float64."""
         y = as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64)), case))
         (q, k), (q_out, k_out) = _qk(as_float64(x), case.heads), _qk(y, case.heads)
-        return _scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
+        return scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
 
     def pair_error(self, positions: np.ndarray, head_dim: int) -> np.ndarray:
         """eps_i(m) of the module docstring: (batch, seq, head_dim/2)."""
@@ -257,9 +206,9 @@ class XposContext(FamilyContext):
         return bound + floor
 
 
-def _headroom(prop, target: XposTarget) -> int:
+def _headroom(prop, target: Subject) -> int:
     """How far below max_position a property's inputs stay (position-used moves a token up)."""
-    return min(prop.case_options.get("headroom", 0), target.position_step)
+    return min(prop.case_options.get("headroom", 0), position_step(target))
 
 
 def _xpos_cases(prop, ctx: XposContext):
@@ -278,7 +227,7 @@ def _xpos_fixed(prop, ctx: XposContext) -> list:
     return [(case, prop.example_extras(ctx, case))]
 
 
-def _xpos_smoke_inputs(target: XposTarget, dtype: str):
+def _xpos_smoke_inputs(target: Subject, dtype: str):
     for head_dim in target.head_dims:
         q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
         x = torch.cat((q, q.flip(1)), dim=2)  # the qk form's default split: q head 0, k head 1
@@ -289,8 +238,27 @@ def _xpos_smoke_inputs(target: XposTarget, dtype: str):
 
 # xPos: xpos(q, k, positions) -> (q_out, k_out) in the qk call form, a q/k family with a scale
 # model; a target that returns no pair of tensors cannot be judged as xPos at all
-XPOS = Family("xPos", XposContext, _xpos_cases, _xpos_fixed, smoke_inputs=_xpos_smoke_inputs,
-              unusable=("raised", "type"))
+def _declare(parameters: dict, own) -> Declaration:
+    """The xPos convention (defaults: the paper's, interleaved as its code); positions
+    drawn up to XPOS_MAX_POSITION (or the target's own, less)."""
+    base = parameters.get("base")
+    if isinstance(base, (list, tuple)):
+        if len(base) != 1:
+            raise FamilyError("--family xpos takes one --base")
+        base = base[0]
+    given = {k: float(parameters[k]) for k in ("gamma", "scale_base") if parameters.get(k) is not None}
+    try:
+        conv = XposConvention(parameters.get("layout") or "interleaved",
+                              DEFAULT_BASE if base is None else float(base), **given)
+    except ValueError as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conv, head_dims=(8, 64), max_position=XPOS_MAX_POSITION, dtypes=("float32", "bfloat16"))
+
+
+XPOS = Family("xpos", XposContext, _xpos_cases, _xpos_fixed, smoke_inputs=_xpos_smoke_inputs,
+              unusable=("raised", "type"), calls=("qk",), declare=_declare,
+              description="xpos(q, k, positions) -> (q_out, k_out), the qk call form (k may have fewer "
+                          "heads), positions int64 (batch, seq)")
 
 
 XPOS_PROPERTIES: dict[str, Property]
@@ -339,7 +307,7 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
     u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))  # every head of q and k
     u[..., int(pair_indices(case.shape[-1], ctx.target.convention.layout)[0][0])] = 1.0
     moved = p.copy()
-    step = ctx.target.position_step
+    step = position_step(ctx.target)
     moved[:, -1] += step
     s0, b0 = ctx.scores(case, u, p)
     s1, b1 = ctx.scores(case, u, moved)
@@ -395,7 +363,7 @@ def xpos_backward(ctx: XposContext, case: Case, grad_layout: str) -> float:
                                         what=f"adjoint identity for {name}: <d{name}, v{name}> = "
                                              f"<g{name}, {name}_out(v{name})> per head"))
     (gq, gk), (dq, dk) = _qk(g64, case.heads), _qk(dx, case.heads)
-    scores = assert_close(_scores(dq, dk), conv.gradient_scores(gq, gk, p), ctx.score_bound(gq, gk, p, dq, dk),
+    gradient = assert_close(scores(dq, dk), conv.gradient_scores(gq, gk, p), ctx.score_bound(gq, gk, p, dq, dk),
                           axes=SCORE_AXES, what=f"gradient scores dq[m] . dk[n] vs the float64 reference "
                                                 f"({conv.description}{_attends(case)})")
-    return max(worst, scores)
+    return max(worst, gradient)

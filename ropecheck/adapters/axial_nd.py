@@ -18,7 +18,6 @@ size) are not RoPE at integer positions and are not adapted.
 
 from __future__ import annotations
 
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.others import import_timm_sincos
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 
@@ -113,31 +112,31 @@ def build_ret_axial_offsets():
     return rope
 
 
-AXIAL_2D = {"family": "axial", "axes": 2, "layout": "interleaved"}
+AXIAL_2D = {"axes": 2, "layout": "interleaved"}  # the --family axial parameters they imply
 
 register(Adapter(name="timm-rope-cat", library="timm", build=build_timm_cat, convention=None,
                  description="timm RotaryEmbeddingCat(in_pixels=False) + apply_rot_embed_cat (2-D axial)",
                  modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
-                 notes="N-D target: positions (batch, seq, 2) = (row, column) on a grid"))
-ND_ADAPTERS["timm-rope-cat"] = dict(AXIAL_2D)
+                 notes="N-D target: positions (batch, seq, 2) = (row, column) on a grid",
+                 family="axial", implies=AXIAL_2D))
 
 register(Adapter(name="timm-rope-mixed", library="timm", build=build_timm_mixed, convention=None,
                  description="timm RotaryEmbeddingMixed (RoPE-Mixed, seeded frequencies; spec-free 2-D)",
                  modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
-                 notes="N-D target: positions (batch, seq, 2); no reference (learnable frequencies)"))
-ND_ADAPTERS["timm-rope-mixed"] = {"family": "nd", "axes": 2}
+                 notes="N-D target: positions (batch, seq, 2); no reference (learnable frequencies)",
+                 family="nd", implies={"axes": 2}))
 
 register(Adapter(name="rotary-embedding-torch-axial", library="rotary-embedding-torch", build=build_ret_axial,
                  convention=None, description="rotary-embedding-torch get_axial_freqs(H, W) + apply_rotary_emb "
                                               "(2-D axial, freqs_for='lang')",
                  modules=("rotary_embedding_torch",), install=RET_INSTALL,
-                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2) on a grid"))
-ND_ADAPTERS["rotary-embedding-torch-axial"] = dict(AXIAL_2D)
+                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2) on a grid",
+                 family="axial", implies=AXIAL_2D))
 
 register(Adapter(name="rotary-embedding-torch-axial-offsets", library="rotary-embedding-torch",
                  build=build_ret_axial_offsets, convention=None,
                  description="rotary-embedding-torch get_axial_freqs(1, 1, offsets=(row, col)) per token "
                              "(2-D axial)",
                  modules=("rotary_embedding_torch",), install=RET_INSTALL,
-                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2), the offsets path"))
-ND_ADAPTERS["rotary-embedding-torch-axial-offsets"] = dict(AXIAL_2D)
+                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2), the offsets path",
+                 family="axial", implies=AXIAL_2D))

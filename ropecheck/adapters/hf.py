@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ropecheck.reference.scaling import DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
-from ropecheck.target import Convention
+from ropecheck.properties.convention import Convention
 
 INSTALL = "pip install transformers==5.23.0 torch==2.13.0"
 

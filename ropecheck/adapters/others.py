@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ropecheck.reference.scaling import Llama3
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
-from ropecheck.target import Convention
+from ropecheck.properties.convention import Convention
 
 
 def _pin(package: str) -> str:

@@ -19,8 +19,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ropecheck.dtypes import DTYPES
-from ropecheck.target import Convention, Target
+from ropecheck.properties.dtypes import DTYPES
+from ropecheck.properties.convention import Convention
+from ropecheck.targets.target import Target
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class Adapter:
     inplace: bool = False
     rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
     max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
-    call: str = "x"  # its call form: "x", "qk" or "packed" (ropecheck.target.Target.call)
+    call: str = "x"  # its call form: "x", "qk", "packed" or "segments" (Target.call)
     k_optional: bool = False  # a "qk" target that also takes k=None
     row_offsets: bool = False  # takes per-row offsets: positions are offset + arange(seq) per row
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
+    family: str = "rope"  # its family (--family): rope (1-D), axial, mrope, nd, xpos, *-builder
+    implies: dict = field(default_factory=dict)  # the family parameters it implies (sections, layout, ...)
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
     def why_unavailable(self) -> Optional[str]:
@@ -59,10 +62,10 @@ class Adapter:
         return self.unavailable() if self.unavailable else None
 
     def target(self) -> Target:
-        return Target(name=self.name, fn=self.build(), convention=self.convention,
+        return Target(name=self.name, fn=self.build(), convention=self.convention, family=self.family,
                       dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
                       rotary_dim=self.rotary_dim, description=self.description,
-                      max_position=self.max_position, call=self.call,
+                      max_position=self.max_position, call=self.call, implies=dict(self.implies),
                       k_optional=self.k_optional, row_offsets=self.row_offsets, devices=self.devices)
 
 

@@ -7,7 +7,6 @@ the hub."""
 from __future__ import annotations
 
 from ropecheck.adapters.registry import Adapter, register
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 
 INSTALL = "pip install transformers==5.23.0 torch==2.13.0"
 SECTIONS = (2, 3, 3)  # head_dim 16: small and fast; [16, 24, 24] is the same code path
@@ -101,23 +100,21 @@ register(Adapter(name="hf-qwen2vl-mrope", library="transformers", build=build_mr
                  description=f"HF Qwen2VLRotaryEmbedding + apply_rotary_pos_emb, mrope_section {list(SECTIONS)} "
                              "(N-D: --family mrope)",
                  modules=("transformers",), install=INSTALL,
-                 notes="N-D target: positions (batch, seq, 3)"))
+                 notes="N-D target: positions (batch, seq, 3)", family="mrope",
+                 implies={"sections": list(SECTIONS), "layout": "half"}))
 register(Adapter(name="hf-qwen2vl-rope-index", library="transformers", build=build_rope_index, convention=None,
                  description="HF Qwen2VLModel.get_rope_index as a position builder (--family mrope-builder)",
                  modules=("transformers",), install=INSTALL, backward=False,
-                 notes="builder: build_positions(segments)"))
-ND_ADAPTERS["hf-qwen2vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
+                 notes="builder: build_positions(segments)", family="mrope-builder", call="segments"))
 register(Adapter(name="hf-qwen2vl-mrope-qk", library="transformers", build=build_mrope_qk, convention=None,
                  description=f"HF Qwen2VLRotaryEmbedding + apply_rotary_pos_emb on q and GQA k as its attention "
                              f"passes them, mrope_section {list(SECTIONS)} (N-D: --family mrope --call qk)",
                  modules=("transformers",), install=INSTALL, call="qk",
-                 notes="N-D target: positions (batch, seq, 3)"))
-ND_ADAPTERS["hf-qwen2vl-mrope-qk"] = {"family": "mrope", "sections": ",".join(map(str, SECTIONS)), "layout": "half"}
-ND_ADAPTERS["hf-qwen2vl-rope-index"] = {"family": "mrope-builder"}
+                 notes="N-D target: positions (batch, seq, 3)", family="mrope",
+                 implies={"sections": list(SECTIONS), "layout": "half"}))
 register(Adapter(name="hf-qwen3vl-mrope", library="transformers", build=build_qwen3vl_mrope, convention=None,
                  description=f"HF Qwen3VLTextRotaryEmbedding + apply_rotary_pos_emb, interleaved mrope_section "
                              f"{list(QWEN3_SECTIONS)} (N-D: --family mrope --mrope-interleaved)",
                  modules=("transformers",), install=INSTALL,
-                 notes="N-D target: positions (batch, seq, 3)"))
-ND_ADAPTERS["hf-qwen3vl-mrope"] = {"family": "mrope", "sections": ",".join(map(str, QWEN3_SECTIONS)),
-                                   "layout": "half", "interleaved": True}
+                 notes="N-D target: positions (batch, seq, 3)", family="mrope",
+                 implies={"sections": list(QWEN3_SECTIONS), "layout": "half", "mrope_interleaved": True}))

@@ -11,7 +11,7 @@ import contextlib
 import importlib
 
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
-from ropecheck.target import Convention
+from ropecheck.properties.convention import Convention
 
 
 def _cuda() -> bool:

@@ -25,7 +25,6 @@ bfloat16 input (the float32 cos/sin promote the product); they differ in:
 from __future__ import annotations
 
 from ropecheck.reference.relatives import XPOS_SCALE_BASE
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 
 SCALE_BASE = int(XPOS_SCALE_BASE)
@@ -45,7 +44,6 @@ def _slots(positions):
 
 
 def build_rotary_embedding_torch():
-    import torch
     from rotary_embedding_torch import RotaryEmbedding
 
     module = per_head_dim(lambda key: RotaryEmbedding(key[0], use_xpos=True, xpos_scale_base=SCALE_BASE))
@@ -82,10 +80,10 @@ register(Adapter(name="rotary-embedding-torch-xpos", library="rotary-embedding-t
                  description="RotaryEmbedding(use_xpos=True).rotate_queries_and_keys (xPos: --family xpos)",
                  modules=("rotary_embedding_torch",), install="pip install rotary-embedding-torch==0.9.1 torch==2.13.0",
                  notes="xPos target: consecutive positions 0 .. max(positions) only (no offsets); "
-                                       "tokens are read back from their positions"))
+                                       "tokens are read back from their positions",
+                 family="xpos", call="qk", implies={"layout": "interleaved"}))
 register(Adapter(name="x-transformers-xpos", library="x-transformers", build=build_x_transformers, convention=None,
                  description="RotaryEmbedding(use_xpos=True)(positions) + apply_rotary_pos_emb (xPos: --family xpos)",
                  modules=("x_transformers",), install="pip install x-transformers==2.31.10 torch==2.13.0",
-                 notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)"))
-ND_ADAPTERS["rotary-embedding-torch-xpos"] = {"family": "xpos", "layout": "interleaved"}
-ND_ADAPTERS["x-transformers-xpos"] = {"family": "xpos", "layout": "interleaved"}
+                 notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)", family="xpos", call="qk",
+                 implies={"layout": "interleaved"}))

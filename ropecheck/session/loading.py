@@ -5,8 +5,8 @@ A file or module is imported with the current directory on ``sys.path`` (as
 ``python -m`` would), so a target file in a project can import that project's own
 package when ropecheck runs from its root, whichever script started ropecheck.
 
-``load*`` build the target here; ``load*_isolated`` build it in a worker process
-(``ropecheck.worker``) and return a target whose calls run there.
+``load`` builds the target here, or in a worker process (``ropecheck.calling.worker``)
+and returns a target whose calls run there: one loader for every family and call form.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
+from ropecheck.calling.execution import describe_exception
+from ropecheck.calling.worker import Worker, WorkerError
+from ropecheck.properties.families import FAMILIES
+from ropecheck.properties.interface import ARITY, CALL_FORMS, check_call
 from ropecheck.adapters import ADAPTERS
-from ropecheck.builtins import BUILTINS, builtin
-from ropecheck.call_forms import ARITY, CALL_FORMS, check_call
-from ropecheck.execution import describe_exception
-from ropecheck.target import Target
+from ropecheck.targets.builtins import BUILTINS, builtin
+from ropecheck.targets.target import Target
 
 
 class TargetLoadError(Exception):
@@ -139,9 +141,29 @@ def resolve(spec):
     return obj
 
 
-def load(spec: str, call=None, **builtin_options) -> Target:
-    """Load a target. ``builtin_options`` (base, rotary_dim, layout) configure built-ins;
-    ``call`` is its call form when the user declares it (else the target's own, or x)."""
+def _declared(obj, name: str, call: Optional[str], family: Optional[str]) -> Target:
+    """The Target a resolved object declares: a Target itself; an object with ``fn`` and
+    Target fields as attributes (``max_position``, ``backward``, ``call``, ...); or a plain
+    callable in the call form given (else its family's first), its signature checked."""
+    if isinstance(obj, Target):
+        return obj
+    if hasattr(obj, "fn") and not callable(obj):
+        fields = {f: getattr(obj, f) for f in Target.__dataclass_fields__
+                  if f not in ("name", "fn", "executor") and hasattr(obj, f)}
+        if not callable(obj.fn):
+            raise TargetLoadError(f"{name} is not callable")
+        return Target(name=name, fn=obj.fn, **fields)
+    form = call or (FAMILIES[family].calls[0] if family in FAMILIES else "x")
+    check_signature(obj, form)
+    return Target(name=name, fn=obj, call=form, family=family or "rope")
+
+
+def load_here(spec, call: Optional[str] = None, family: Optional[str] = None, builtin_options=None) -> Target:
+    """The target ``spec`` names, built in this process: a built-in (configured by
+    ``builtin_options``: base, rotary_dim, layout, scaling), an adapter, or a file's or
+    module's attribute (or the Python object itself). ``call`` and ``family``: what the
+    user declares (a plain callable takes them; a declared target's call form is changed
+    to ``call``)."""
     if call is not None:
         try:
             check_call(call)
@@ -149,77 +171,35 @@ def load(spec: str, call=None, **builtin_options) -> Target:
             raise TargetLoadError(str(exc)) from None
     if is_named(spec) and spec in BUILTINS:
         try:
-            target = builtin(spec, **builtin_options)
+            target = builtin(spec, **(builtin_options or {}))
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
     elif is_named(spec) and spec in ADAPTERS:
         target = _build_adapter(ADAPTERS[spec])
     else:
-        obj = resolve(spec)
-        if isinstance(obj, Target):
-            target = obj
-        else:
-            check_signature(obj, call or "x")
-            return Target(name=target_name(spec), fn=obj, call=call or "x")
+        return _declared(resolve(spec), target_name(spec), call, family)
     if call is not None and call != target.call:
         check_signature(target.fn, call)
         target = target.with_(call=call)
     return target
 
 
-class Declared(NamedTuple):
-    """What a family target declares besides its callable."""
-
-    max_position: Optional[int] = None  # the largest position (per axis) it accepts
-    backward: bool = True  # autograd flows through it
-    call: str = "x"  # its call form (ropecheck.call_forms)
-    devices: tuple = ("cpu", "cuda")  # device types it runs on
-
-
-def load_callable(spec: str, rope_signature: bool = True, call=None) -> tuple:
-    """(callable, its ``Declared`` range and backward) for the families (N-D, xPos): an
-    adapter's or a built-in's function (a 1-D built-in is the N-D case with one axis), or a
-    file's / module's attribute, which may be an object with ``fn``, ``max_position`` and
-    ``backward`` (a Target)."""
-    if is_named(spec) and (spec in ADAPTERS or spec in BUILTINS):
-        target = load(spec, call)
-        return target.fn, Declared(target.max_position, target.backward, target.call, target.devices)
-    obj = resolve(spec)
-    declared = Declared(getattr(obj, "max_position", None), bool(getattr(obj, "backward", True)),
-                        call or getattr(obj, "call", "x"), tuple(getattr(obj, "devices", ("cpu", "cuda"))))
-    obj = getattr(obj, "fn", obj)
-    if not callable(obj):
-        raise TargetLoadError(f"{target_name(spec)} is not callable")
-    if rope_signature:
-        check_signature(obj, declared.call)
-    return obj, declared
-
-
-# --- in a worker process --------------------------------------------------------------
-
-def _target_parts(spec: str, builtin_options: dict, call=None) -> tuple:
+def _target_parts(spec: str, call, family, builtin_options: dict) -> tuple:
     """Run in the worker: (the callable, the target's description without it)."""
-    target = load(spec, call, **builtin_options)
+    target = load_here(spec, call, family, builtin_options)
     return target.fn, target.with_(fn=None)
 
 
-def _start(loader: str, args: tuple):
-    from ropecheck.worker import Worker, WorkerError
-
-    worker = Worker(loader, args)
+def load(spec, *, worker: bool = False, call: Optional[str] = None, family: Optional[str] = None,
+         builtin_options=None) -> Target:
+    """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
+    process whose calls it makes (a Python object is always built here: a worker cannot
+    receive it). Raises TargetLoadError."""
+    if not worker or not is_named(spec):
+        return load_here(spec, call, family, builtin_options)
+    process = Worker("ropecheck.session.loading:_target_parts", (spec, call, family, builtin_options or {}))
     try:
-        return worker, worker.start()
+        target = process.start()
     except WorkerError as exc:
         raise TargetLoadError(str(exc)) from None
-
-
-def load_isolated(spec: str, call=None, **builtin_options) -> Target:
-    """Like :func:`load`, with the target imported and called in a worker process."""
-    worker, target = _start("ropecheck.loading:_target_parts", (spec, builtin_options, call))
-    return target.with_(fn=worker.function, executor=worker)
-
-
-def load_callable_isolated(spec: str, rope_signature: bool = True, call=None) -> tuple:
-    """Like :func:`load_callable`: (callable, Declared, the worker it runs in)."""
-    worker, declared = _start("ropecheck.loading:load_callable", (spec, rope_signature, call))
-    return worker.function, declared, worker
+    return target.with_(fn=process.function, executor=process)

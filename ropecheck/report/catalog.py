@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Optional
 
+from ropecheck.properties.families import FAMILIES
+from ropecheck.session.spec import family_words
 from ropecheck.adapters import ADAPTERS
-from ropecheck.builtins import BUILTIN_FORMS, BUILTINS, DEFAULT_TARGET
+from ropecheck.targets.builtins import BUILTIN_FORMS, BUILTINS, DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Entry:
     why_unavailable: Optional[str]
     notes: str = ""
     default: bool = False  # the target `ropecheck check` uses without one
+    family: str = "rope"  # its family (--family)
 
     @property
     def available(self) -> bool:
@@ -47,10 +50,11 @@ def _capabilities(dtypes, backward, inplace, max_position, call="x", k_optional=
     return ", ".join(parts)
 
 
-def _family_flags(name: str) -> str:
-    """The ``--family`` flags an N-D or builder adapter implies ("" for none)."""
-    from ropecheck.families import ND_ADAPTERS, FamilySpec
-    return " ".join(FamilySpec(name, **ND_ADAPTERS[name]).flags()) if name in ND_ADAPTERS else ""
+def _family_flags(adapter) -> str:
+    """The ``--family`` flags an N-D, xPos or builder adapter implies ("" for 1-D RoPE)."""
+    if adapter.family == "rope":
+        return ""
+    return " ".join(["--family", adapter.family] + family_words(adapter.implies))
 
 
 def entries() -> list[Entry]:
@@ -65,9 +69,10 @@ def entries() -> list[Entry]:
     for adapter in ADAPTERS.values():
         c = adapter.convention
         out.append(Entry(adapter.name, "adapter", adapter.library,
-                         c.layout if c else "?", c.flags() if c else _family_flags(adapter.name),
+                         c.layout if c else "?", c.flags() if c else _family_flags(adapter),
                          _capabilities(adapter.dtypes, adapter.backward, adapter.inplace,
-                                       adapter.max_position, getattr(adapter, "call", "x"),
-                                       getattr(adapter, "k_optional", False)),
-                         adapter.description, adapter.why_unavailable(), adapter.notes))
+                                       adapter.max_position,
+                                       "x" if adapter.call == FAMILIES[adapter.family].calls[0] else adapter.call,
+                                       adapter.k_optional),
+                         adapter.description, adapter.why_unavailable(), adapter.notes, family=adapter.family))
     return out

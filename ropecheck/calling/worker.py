@@ -22,9 +22,8 @@ would. Tensors travel by value with their strides and storage offsets
 from __future__ import annotations
 
 import atexit
-import copyreg
 import faulthandler
-import io
+import importlib
 import os
 import pickle
 import re
@@ -39,43 +38,14 @@ from typing import Optional
 
 import torch
 
-from ropecheck import spawn
-from ropecheck.calling import TargetHung
-from ropecheck.execution import Execution, Outcome, describe_exception
+from ropecheck.calling import spawn
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
+from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
+from ropecheck.properties.interface import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
 _CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|device-side assert|cudaError|"
                          r"unspecified launch failure", re.IGNORECASE)
-
-
-# --- tensors by value, views kept --------------------------------------------------------
-
-def _rebuild(dtype, shape, stride, offset, data):
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    return flat.view(dtype).as_strided(shape, stride, offset)
-
-
-def _reduce(t: torch.Tensor):
-    if t.device.type != "cpu" or t.is_sparse or t.is_quantized:
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-    t = t.detach()
-    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-    return _rebuild, (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), raw.numpy().tobytes())
-
-
-class _Pickler(pickle.Pickler):
-    dispatch_table = copyreg.dispatch_table.copy()
-    dispatch_table[torch.Tensor] = _reduce
-    for _cls in (torch.nn.Parameter,):
-        dispatch_table[_cls] = _reduce
-
-
-def dumps(obj) -> bytes:
-    """Pickle with CPU tensors sent as raw storage bytes + strides (7x cheaper than torch's
-    own pickling, and exact for every view)."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
 
 
 # --- waiting for the other side ----------------------------------------------------------
@@ -119,8 +89,9 @@ def _resolve(dotted: str):
     return getattr(__import__(module, fromlist=[attr]), attr)
 
 
-def serve(fd: int, crash_log: str) -> None:
-    """The worker's loop: load the target, then run calls until told to stop."""
+def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
+    """The worker's loop: load the target, then run calls until told to stop (``Exit``, or
+    ropecheck closing the connection). ``preload``: modules to import while waiting."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is ropecheck's to handle
     faulthandler.enable(open(crash_log, "w"))
@@ -128,49 +99,51 @@ def serve(fd: int, crash_log: str) -> None:
     # threads spin after a parallel region) slows down ropecheck's reference and next
     # draw; on two cores that was the larger part of the worker's cost per call.
     torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() - 1)))
-    import ropecheck.loading  # noqa: F401  (every loader is there: imported while ropecheck starts)
+    for module in preload:  # the loaders ropecheck will ask for, imported while it starts up
+        importlib.import_module(module)
     conn = Connection(fd)
-    execution: Optional[Execution] = None
+    state: dict = {"execution": None}
 
     def reply(message):
         try:
             try:
                 data = dumps(message)
             except Exception as exc:  # an output that cannot be sent back
-                data = dumps(("error", f"the target's result cannot be sent back to "
-                                       f"ropecheck: {describe_exception(exc)}"))
+                data = dumps(Failed(f"the target's result cannot be sent back to ropecheck: "
+                                    f"{describe_exception(exc)}"))
             conn.send_bytes(data)
         except OSError:  # ropecheck is gone, or no longer wants this worker
             os._exit(0)
 
+    def on_load(message: Load) -> bool:
+        sys.path[:] = message.path
+        try:
+            fn, info = _resolve(message.loader)(*message.args)
+            state["execution"] = Execution(fn)
+            reply(Loaded(info))
+        except BaseException as exc:  # the loader's message, or whatever the import raised
+            reply(Failed(str(exc) if type(exc).__name__ == "TargetLoadError" else
+                         f"loading the target failed: {describe_exception(exc)}"))
+        return True
+
+    def on_call(message: Call) -> bool:
+        outcome = state["execution"].run(message.request)
+        poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
+        if poisoned:
+            outcome.error = ("crashed", f"{outcome.error[1]}: a CUDA error that poisons the "
+                                        "process's CUDA context (the worker was restarted)")
+        reply(Done(outcome))
+        return not poisoned
+
+    handlers = {Load: on_load, Call: on_call}
     while True:
         try:
             spin_until_ready(conn, None)
             message = pickle.loads(conn.recv_bytes())
         except EOFError:
             break
-        kind = message[0]
-        if kind == "load":
-            _, path, loader, args = message
-            sys.path[:] = path
-            try:
-                fn, info = _resolve(loader)(*args)
-                execution = Execution(fn)
-                reply(("loaded", info))
-            except BaseException as exc:  # the loader's message, or whatever the import raised
-                reply(("error", str(exc) if type(exc).__name__ == "TargetLoadError" else
-                       f"loading the target failed: {describe_exception(exc)}"))
-        elif kind == "call":
-            _, op, args, positions, grads, inplace, form, device, mode = message
-            outcome = execution.run(op, args, positions, grads, inplace, form, device, mode)
-            poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
-            if poisoned:
-                outcome.error = ("crashed", f"{outcome.error[1]}: a CUDA error that poisons the "
-                                            "process's CUDA context (the worker was restarted)")
-            reply(("outcome", outcome))
-            if poisoned:
-                break
-        else:
+        handler = handlers.get(type(message))
+        if handler is None or not handler(message):
             break
     sys.stdout.flush()
     sys.stderr.flush()
@@ -212,15 +185,15 @@ class _Process:
 
     def __init__(self, loader: str, args: tuple):
         self.proc, self.conn, self.crash_log = spawn.take()
-        self.conn.send_bytes(dumps(("load", list(sys.path), loader, args)))
+        self.conn.send_bytes(dumps(Load(list(sys.path), loader, args)))
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def receive(self, timeout: Optional[float], during: str):
-        """The next message; TargetHung after ``timeout`` (the process is killed);
-        ("crashed", why) when the process died instead of answering."""
+        """The next message; TargetHung after ``timeout`` (the process is killed); Crashed
+        when the process died instead of answering."""
         try:
             ready = spin_until_ready(self.conn, timeout)
         except (OSError, EOFError):
@@ -238,14 +211,14 @@ class _Process:
                 returncode = None
             why = _death(returncode) + _crash_site(self.crash_log)
             self.stop(kill=True)
-            return ("crashed", f"{why} ({during})" if during.startswith("loading") else why)
+            return Crashed(f"{why} ({during})" if during.startswith("loading") else why)
 
     def stop(self, kill: bool = False) -> None:
         if kill and self.alive:
             self.proc.kill()
         if not self.conn.closed:
             try:
-                self.conn.send_bytes(dumps(("exit",)))
+                self.conn.send_bytes(dumps(Exit()))
             except OSError:
                 pass
             self.conn.close()
@@ -283,11 +256,11 @@ class Worker:
         except TargetHung:
             self.current = None
             raise WorkerError(f"loading the target did not finish within {self.load_timeout:g} s") from None
-        if reply[0] != "loaded":
+        if not isinstance(reply, Loaded):
             self.current.stop(kill=True)
             self.current = None
-            raise WorkerError(reply[1])
-        self.info = reply[1]
+            raise WorkerError(reply.message)
+        self.info = reply.info
         if self.crashes:
             self.standby = _Process(self.loader, self.args)
         return self.info
@@ -306,19 +279,19 @@ class Worker:
                 process.stop()
         self.current = self.standby = None
 
-    def run(self, op: str, args: tuple, positions, grads=None, inplace: bool = False,
-            timeout: Optional[float] = None, form=None, device: str = "cpu", mode: str = "eager") -> Outcome:
-        """One call in the worker (a new one first if a crash or hang stopped the last)."""
+    def run(self, request: Request) -> Outcome:
+        """One call in the worker (a new one first if a crash or hang stopped the last),
+        within ``request.timeout``."""
         if not self.alive:
             try:
                 self.start()
             except WorkerError as exc:
                 return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
-        self.current.conn.send_bytes(dumps(("call", op, args, positions, grads, inplace, form, device, mode)))
-        reply = self.current.receive(timeout, during="during the call")
-        if reply[0] == "error":
-            return Outcome(error=("type", reply[1]))
-        outcome = Outcome(error=reply) if reply[0] == "crashed" else reply[1]
+        self.current.conn.send_bytes(dumps(Call(request)))
+        reply = self.current.receive(request.timeout, during="during the call")
+        if isinstance(reply, Failed):
+            return Outcome(error=("type", reply.message))
+        outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         if outcome.error and outcome.error[0] == "crashed":
             self.crashes += 1
@@ -337,10 +310,8 @@ class RemoteFunction:
         self.worker = worker
 
     def __call__(self, *args):
-        from ropecheck.calling import CallError
-
         *tensors, positions = args
-        outcome = self.worker.run("call", tuple(tensors), positions)
+        outcome = self.worker.run(Request("call", tuple(tensors), positions))
         if outcome.error is not None:
             raise CallError(*outcome.error)
         return outcome.outputs

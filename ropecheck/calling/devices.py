@@ -91,6 +91,12 @@ class Placement:
         return out.set_(self.storages[key], x.storage_offset(), x.shape, x.stride())
 
 
+def strided_copy(x: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor laid out exactly as x: a copy of x's whole storage viewed with x's
+    sizes, strides and storage offset (clone() would compact a view and drop the offset)."""
+    return Placement(str(x.device))(x)
+
+
 def to_host(value):
     """Outputs as values on the host: a tensor (or a tuple of them, None allowed) copied to
     the CPU; anything else as it is."""

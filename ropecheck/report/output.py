@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ropecheck.session.session import column_label
+
 SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
 STATUS_STYLE = {"passed": "[green]pass[/]", "failed": "[bold red]FAIL[/]",
                 "skipped": "[dim]skip[/]", "error": "[bold magenta]ERROR[/]",
@@ -47,11 +49,6 @@ def _cell(result) -> str:
     if result.notes:
         text += " *"
     return text
-
-
-def column_label(dtype: str, mode: str = "eager") -> str:
-    """A results column (and a JUnit name's bracket): the dtype, and the mode unless eager."""
-    return dtype if mode == "eager" else f"{dtype} {mode}"
 
 
 def results_table(session) -> Table:
@@ -141,21 +138,23 @@ def verdict_line(session) -> str:
 
 
 def session_dict(session) -> dict:
-    c = getattr(session.target, "convention", None)
+    c = session.target.convention
     conv = None
     if c is not None and hasattr(c, "layout") and hasattr(c, "rotary_dim"):
         conv = {"layout": c.layout, "base": c.base, "rotary_dim": c.rotary_dim}
     return {
         "schema_version": SCHEMA_VERSION,
         "target": session.target.name,
+        "family": session.target.family,
+        "call": session.target.call,
         "convention": conv,
-        "capabilities": {"backward": getattr(session.target, "backward", False),
-                         "inplace": getattr(session.target, "inplace", False),
-                         "max_position": getattr(session.target, "max_position", None)},
-        "device": getattr(session.target, "device", "cpu"),
-        "profile": session.options.profile,
-        "sizes": session.options.sizes.spec(),
-        "seed": session.options.seed,
+        "capabilities": {"backward": session.target.backward, "inplace": session.target.inplace,
+                         "max_position": session.target.max_position},
+        "device": session.target.device,
+        "options": session.options.echo() if session.options is not None else {},
+        "profile": session.run_options.profile,
+        "sizes": session.run_options.sizes.spec(),
+        "seed": session.run_options.seed,
         "dtypes": session.dtypes,
         "modes": list(session.modes),
         "unsupported_dtypes": dict(session.unsupported),

@@ -27,9 +27,31 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ropecheck.call_forms import Form, ReturnedWrong
-from ropecheck import modes
-from ropecheck.devices import Placement, to_host
+from ropecheck.calling import modes
+from ropecheck.calling.devices import Placement, to_host
+from ropecheck.calling.forms import Form, ReturnedWrong
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call of a target, as a caller asks for it and an executor runs it (in this
+    process, or sent to the worker as it is).
+
+    ``op``: "call" (y = f(*args, positions)), "vjp" (y and the gradient of x for ``grads``)
+    or "plain" (f(*args) for a target that takes no tensors); ``form`` the target's call
+    form (None: x); ``inplace`` whether it declares writing its output into x; ``device``
+    where its tensor inputs are made; ``mode`` how it is run (``ropecheck.calling.modes``);
+    ``timeout`` the seconds the call may take (the executor enforces it)."""
+
+    op: str
+    args: tuple
+    positions: Any = None
+    grads: Optional[tuple] = None
+    inplace: bool = False
+    form: Optional[Form] = None
+    device: str = "cpu"
+    mode: str = "eager"
+    timeout: Optional[float] = None
 
 
 @dataclass
@@ -50,12 +72,6 @@ class Outcome:
 def describe_exception(exc: BaseException) -> str:
     """'Type: message (at file:line)', the line being the innermost frame of the traceback."""
     return f"{type(exc).__name__}: {exc}{_where(exc)}"
-
-
-def strided_copy(x: torch.Tensor) -> torch.Tensor:
-    """A fresh tensor laid out exactly as x: a copy of x's whole storage viewed with x's
-    sizes, strides and storage offset (clone() would compact a view and drop the offset)."""
-    return Placement(x.device)(x)
 
 
 def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:
@@ -161,7 +177,7 @@ def _raised(exc: BaseException) -> tuple:
 
 def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     """(canonical y, what the target returned): fn called on the canonical x (``args``:
-    (x,)) in its call form (``ropecheck.call_forms``)."""
+    (x,)) in its call form (``ropecheck.calling.forms``)."""
     (x,) = args
     if form is None or form.call == "x":
         out = fn(x, positions)
@@ -225,16 +241,15 @@ class Execution:
         outcome.outputs = to_host(outcome.outputs)
         return outcome
 
-    def run(self, op: str, args: tuple, positions=None, grads=None, inplace: bool = False,
-            form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
-        """One call: ``op`` is "call" (:meth:`call`), "vjp" (:meth:`vjp`) or "plain"
-        (:meth:`plain`); ``form`` the target's call form (None: x); ``device`` where its
-        tensor inputs are made; ``mode`` how it is run (``ropecheck.modes``)."""
-        if op == "vjp":
-            return self.vjp(args, positions, grads, inplace, form, device, mode)
-        if op == "plain":
-            return self.plain(args)
-        return self.call(args, positions, inplace, form, device, mode)
+    def run(self, request: Request) -> Outcome:
+        """One call (the time limit is the executor's): :meth:`call`, :meth:`vjp` or
+        :meth:`plain` as ``request.op`` says."""
+        r = request
+        if r.op == "vjp":
+            return self.vjp(r.args, r.positions, r.grads, r.inplace, r.form, r.device, r.mode)
+        if r.op == "plain":
+            return self.plain(r.args)
+        return self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors (a position builder): its result as

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ropecheck import reference
+import ropecheck.reference as reference
+from ropecheck.properties.convention import Convention
 from ropecheck.reference.scaling import Scaling
-from ropecheck.kernels import target as triton_target
-from ropecheck.target import Convention, Target
+from ropecheck.targets import triton_builtins
+from ropecheck.targets.target import Target
 
 NO_SCALING = Scaling()
 
@@ -143,10 +144,10 @@ BUILTINS = {
                       "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
-    **triton_target.BUILTIN_ENTRIES,  # "triton", "triton-interleaved", "triton-qk", "triton-packed"
+    **triton_builtins.BUILTIN_ENTRIES,  # "triton", "triton-interleaved", "triton-qk", "triton-packed"
 }
-# the call form (ropecheck.target.Target.call) of built-ins not called as rope(x, positions)
-BUILTIN_FORMS = dict(triton_target.BUILTIN_FORMS)
+# the call form (Target.call) of built-ins not called as rope(x, positions)
+BUILTIN_FORMS = dict(triton_builtins.BUILTIN_FORMS)
 DEFAULT_TARGET = "rotate-half"
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ropecheck.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
+from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
 
 U32 = UNIT_ROUNDOFF["float32"]
 K_OPS = 6.0

@@ -20,13 +20,14 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.properties.runner import RunOptions, json_number, selected_properties
-from ropecheck import known_failures
+from ropecheck.properties.runner import json_number
+from ropecheck.report.output import environment
+from ropecheck.session import known_failures
+from ropecheck.session.options import parse
+from ropecheck.session.prepare import prepare
+from ropecheck.session.spec import UnusableTarget
 from ropecheck.adapters import ADAPTERS
-from ropecheck.catalog import Entry, library_version
-from ropecheck.loading import TargetLoadError, load_isolated
-from ropecheck.output import environment
-from ropecheck.session import Session, callable_in, warm_up
+from ropecheck.report.catalog import Entry, library_version
 
 
 @dataclass
@@ -81,30 +82,27 @@ def envelope(profile: str, seed: Optional[int]) -> dict:
             "profile": profile, "seed": seed, "generated": date.today().isoformat()}
 
 
-def run_target(entry: Entry, dtypes: Optional[list], options: RunOptions, known: list,
+def run_target(entry: Entry, dtypes: Optional[list], profile: str, seed: Optional[int], timeout: float,
                on_result: Callable = lambda r: None) -> TargetReport:
-    """Run the suite on one catalog entry (``ropecheck.catalog``)."""
+    """Run the suite on one catalog entry (``ropecheck.targets.catalog``) through the check
+    session, in the dtypes asked for that the target declares (each in its own worker)."""
     name = entry.name
     report = TargetReport(name, entry.library, entry.convention, entry.capabilities)
+    options = parse("check", {"target": name, "profile": profile, "seed": seed, "timeout": timeout})
     try:
-        target = load_isolated(name)  # each target in its own worker process
-    except TargetLoadError as exc:
+        session = prepare(options)
+    except UnusableTarget as exc:
         report.problems = {"all": str(exc)}
         return report
     try:
-        wanted = [d for d in (dtypes or target.dtypes) if d in target.dtypes]
-        crashes: dict = {}
-        problems = warm_up(target, wanted, options.timeout, crashes)
-        report.problems = {d: p for d, p in problems.items() if p and d in wanted}
-        usable = [d for d in wanted if problems.get(d) is None]
-        session = Session(callable_in(target, problems), usable, selected_properties(()), options,
-                          reproduce=f"ropecheck check {name} --profile {options.profile}"
-                                    + (f" --seed {options.seed}" if options.seed is not None else ""),
-                          known=known, crashes=crashes)
+        wanted = [d for d in (dtypes or session.target.dtypes) if d in session.target.dtypes or
+                  d in session.unsupported]
+        report.problems = {d: p for d, p in session.unsupported.items() if d in wanted}
+        session.dtypes = [d for d in session.dtypes if d in wanted]
         report.results = session.run(on_result)
     finally:
-        target.executor_close()
-    report.fixed = [k.reason for k in known_failures.fixed(name, report.results, known)]
+        session.close()
+    report.fixed = [k.reason for k in known_failures.fixed(name, report.results, session.known)]
     return report
 
 
@@ -180,7 +178,7 @@ def to_markdown(data: dict, command: str, figures: list[str]) -> str:
 
 def write(out_dir: Path, reports: list[TargetReport], unavailable: dict, env: dict,
           command: str) -> dict:
-    from ropecheck.report_plots import plot_error_profiles
+    from ropecheck.report.plots import plot_error_profiles
 
     out_dir.mkdir(parents=True, exist_ok=True)
     data = to_json(reports, unavailable, env)

@@ -18,7 +18,7 @@ int64 (batch, seq), y like x. A target declares one of
   lengths, a sequence ends where positions stop counting up (N-D: each row is one).
 
 A :class:`Form` travels with each call to the process that runs the target
-(``ropecheck.execution``); nothing here judges values.
+(``ropecheck.calling.execution``); nothing here judges values.
 """
 
 from __future__ import annotations
@@ -29,19 +29,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-CALL_FORMS = {
-    "x": "rope(x, positions) -> y",
-    "qk": "rope(q, k, positions) -> (q_out, k_out)",
-    "packed": "rope(x, cu_seqlens, positions) -> y",
-}
-# positional arguments of each form (the loader checks a target's signature with them)
-ARITY = {"x": 2, "qk": 3, "packed": 3}
-
-
-def check_call(call: str) -> str:
-    if call not in CALL_FORMS:
-        raise ValueError(f"unknown call form {call!r}; known: {', '.join(CALL_FORMS)}")
-    return call
+from ropecheck.calling.devices import strided_copy
+from ropecheck.properties.interface import segment_lengths
 
 
 class ReturnedWrong(Exception):
@@ -50,17 +39,6 @@ class ReturnedWrong(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def segment_lengths(positions: np.ndarray) -> tuple:
-    """Sequence lengths of a packed row whose sequences are not known: a new one starts
-    where a position is not its predecessor + 1."""
-    p = np.asarray(positions, dtype=np.int64).reshape(-1)
-    if p.size == 0:
-        return ()
-    starts = np.flatnonzero(np.diff(p) != 1) + 1
-    edges = np.concatenate(([0], starts, [p.size]))
-    return tuple(int(n) for n in np.diff(edges))
 
 
 def cu_seqlens(lengths) -> torch.Tensor:
@@ -140,7 +118,6 @@ class Form:
 
 def _own_storage(x: torch.Tensor) -> torch.Tensor:
     """A tensor laid out as x (sizes, strides, offset) in a storage of its own."""
-    from ropecheck.execution import strided_copy
     return strided_copy(x)
 
 

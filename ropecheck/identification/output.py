@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ropecheck.output import environment
+from ropecheck.report.output import environment
 
 MAX_ROWS = 16  # frequency rows shown before eliding the middle
 
