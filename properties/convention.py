@@ -73,15 +73,16 @@ class Convention:
         x = np.asarray(x, dtype=np.float64)
         theta = self.theta(x.shape[-1], positions, seq_len)
         positions = np.asarray(positions)
-        return reference.apply_rope(x, -positions if inverse else positions, layout=self.layout,
-                                    rotary_dim=self.rotary_dim, theta=theta)
+        return reference.apply_rope(
+            x, -positions if inverse else positions, layout=self.layout, rotary_dim=self.rotary_dim, theta=theta
+        )
 
     def unscale(self, y64: np.ndarray) -> np.ndarray:
         """Divide the rotated block of a float64 output by the amplitude (a copy)."""
         if self.amplitude == 1.0:
             return y64
         y64 = np.array(y64, dtype=np.float64)
-        y64[..., :self.rotary_dim_for(y64.shape[-1])] /= self.amplitude
+        y64[..., : self.rotary_dim_for(y64.shape[-1])] /= self.amplitude
         return y64
 
     def flags(self) -> str:
@@ -111,14 +112,12 @@ class XposConvention:
 
     @property
     def description(self) -> str:
-        return (f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, "
-                f"gamma {self.gamma:g}")
+        return f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, gamma {self.gamma:g}"
 
     def scores(self, q64, k64, positions) -> np.ndarray:
         """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
         kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
-        return scores(apply_xpos(q64, positions, role="query", **kw),
-                       apply_xpos(k64, positions, role="key", **kw))
+        return scores(apply_xpos(q64, positions, role="query", **kw), apply_xpos(k64, positions, role="key", **kw))
 
     def gradient_scores(self, gq64, gk64, positions) -> np.ndarray:
         """Reference dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i for the
@@ -126,5 +125,4 @@ class XposConvention:
         zeta^(+m/s), R_{-m} = R_m^T)."""
         kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         negated = -np.asarray(positions)
-        return scores(apply_xpos(gq64, negated, role="key", **kw),
-                       apply_xpos(gk64, negated, role="query", **kw))
+        return scores(apply_xpos(gq64, negated, role="key", **kw), apply_xpos(gk64, negated, role="query", **kw))

@@ -57,8 +57,8 @@ import numpy as np
 import torch
 
 from ropecheck.properties.cases import as_float64
-from ropecheck.properties.interface import CallError
 from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.interface import CallError
 from ropecheck.properties.suspects import CANDIDATES, Candidate, Model, Probe, rotation
 
 HEADS = 4
@@ -85,6 +85,7 @@ class Suspect:
 
 # --- the probe ------------------------------------------------------------------------
 
+
 def probe_positions(limit: int) -> np.ndarray:
     row = sorted({p for p in POSITIONS if p <= limit} | {min(limit, LARGEST)})
     return np.array([row, row[::-1]], dtype=np.int64)
@@ -105,6 +106,7 @@ def _probe(ctx) -> Optional[Probe]:
 
 
 # --- scoring ------------------------------------------------------------------------------
+
 
 def _score(probe: Probe, model: Model) -> float:
     score = float((np.abs(probe.y - model.y) / model.bound).max())
@@ -136,13 +138,17 @@ def _suspect(probe: Probe, candidate: Candidate, option, model: Model, score: fl
     largest = int(probe.positions.max())
     if candidate.exact:
         rel = _relative(probe, model, small & (np.abs(model.positions) <= SMALL))
-        text = (f"{cause} (it equals {what} to {rel:.0e} at positions 0..{SMALL}, and to "
-                f"{score:.2f} of the error bound up to position {largest})")
+        text = (
+            f"{cause} (it equals {what} to {rel:.0e} at positions 0..{SMALL}, and to "
+            f"{score:.2f} of the error bound up to position {largest})"
+        )
     else:
         rel = _relative(probe, model, small)
-        text = (f"{cause} (its error is {rel:.0e} of |x| at positions 0..{SMALL} and "
-                f"{_relative(probe, model):.0e} up to position {largest}: it {what}; "
-                f"{score:.2f} of that allowance)")
+        text = (
+            f"{cause} (its error is {rel:.0e} of |x| at positions 0..{SMALL} and "
+            f"{_relative(probe, model):.0e} up to position {largest}: it {what}; "
+            f"{score:.2f} of that allowance)"
+        )
     return Suspect(candidate.name, _option_text(option), text, score, rel, candidate.exact)
 
 

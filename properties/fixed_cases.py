@@ -12,8 +12,14 @@ import numpy as np
 from ropecheck.properties.cases import Case
 from ropecheck.properties.interface import segment_lengths
 from ropecheck.properties.sizes import HUGE_ELEMENTS, TOY, Sizes
-from ropecheck.properties.strategies import (FREE_HEAD_DIMS, PACKED_MEMORY, fitted_seq, max_position_for,
-                                             partial_head_dims, scales)
+from ropecheck.properties.strategies import (
+    FREE_HEAD_DIMS,
+    PACKED_MEMORY,
+    fitted_seq,
+    max_position_for,
+    partial_head_dims,
+    scales,
+)
 
 
 def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
@@ -25,20 +31,31 @@ def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -
     small = FREE_HEAD_DIMS[0] if r is None else r
     other = FREE_HEAD_DIMS[1] if r is None else r + 48
     mid = FREE_HEAD_DIMS[2] if r is None else 4 * r
-    boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504,
-                65505, 2**20 + 1, 2**24]
+    boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504, 65505, 2**20 + 1, 2**24]
     limit_other = max_position_for(other)
     cap = [min(p, limit_other) for p in boundary]
-    return [in_form(case, call) for case in (
-        Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
-        Case(dtype, 1, len(cap), 1, other, (tuple(cap),), "contiguous", 1.0, 2),
-        Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
-        Case(dtype, 3, 5, 2, mid, tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
-             "padded", scales(dtype)[-1], 4),
-        # HF's layout with two rows: its one-token slices (decode steps) have a row stride
-        # that is not heads x head_dim
-        Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
-    )] + ([gqa_case(dtype, small)] if call == "qk" else [])
+    return [
+        in_form(case, call)
+        for case in (
+            Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
+            Case(dtype, 1, len(cap), 1, other, (tuple(cap),), "contiguous", 1.0, 2),
+            Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
+            Case(
+                dtype,
+                3,
+                5,
+                2,
+                mid,
+                tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
+                "padded",
+                scales(dtype)[-1],
+                4,
+            ),
+            # HF's layout with two rows: its one-token slices (decode steps) have a row stride
+            # that is not heads x head_dim
+            Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
+        )
+    ] + ([gqa_case(dtype, small)] if call == "qk" else [])
 
 
 def gqa_case(dtype: str, head_dim: int) -> Case:
@@ -46,8 +63,20 @@ def gqa_case(dtype: str, head_dim: int) -> Case:
     attends k head h // 2), in storages of their own, two rows at different offsets: a
     kernel that maps q heads to k heads wrongly, or reads k's heads with q's stride, fails
     whatever the draws (MHA and MQA have no group to get wrong)."""
-    return Case(dtype, 2, 3, 4, head_dim, ((0, 1, 2), (500, 501, 502)), "contiguous", 1.0, 6,
-                call="qk", k_heads=2, separate=True)
+    return Case(
+        dtype,
+        2,
+        3,
+        4,
+        head_dim,
+        ((0, 1, 2), (500, 501, 502)),
+        "contiguous",
+        1.0,
+        6,
+        call="qk",
+        k_heads=2,
+        separate=True,
+    )
 
 
 def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
@@ -62,16 +91,18 @@ def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> l
 
     # the small head size where the threshold is in tokens x heads: the same dispatch, an
     # eighth of the float64 reference's work
-    return [in_form(case, call, large=True) for case in (
-        Case(dtype, 2, 1024, 8, small, rows(0, 5000, seq=1024), "contiguous", 1.0, 21),
-        Case(dtype, 1, 3641, 9, small, rows(100, seq=3641), "contiguous", 1.0, 22),
-        Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
-        Case(dtype, 1, 64, 33, r or FREE_HEAD_DIMS[2], rows(4000, seq=64), "contiguous", 1.0, 24),
-    )]
+    return [
+        in_form(case, call, large=True)
+        for case in (
+            Case(dtype, 2, 1024, 8, small, rows(0, 5000, seq=1024), "contiguous", 1.0, 21),
+            Case(dtype, 1, 3641, 9, small, rows(100, seq=3641), "contiguous", 1.0, 22),
+            Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
+            Case(dtype, 1, 64, 33, r or FREE_HEAD_DIMS[2], rows(4000, seq=64), "contiguous", 1.0, 24),
+        )
+    ]
 
 
-def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
-                     sizes: Sizes = TOY) -> list[Case]:
+def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x", sizes: Sizes = TOY) -> list[Case]:
     """Fixed inputs at production sizes: a long prefill (the longest sequence, 8 heads and
     the common head size), the widest head, a head size past 128 that is not a power of
     two (a kernel's block of the next power of two, masked), and a decode batch; each cut
@@ -88,12 +119,15 @@ def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
         rows = tuple(tuple(range(start + 1000 * b, start + 1000 * b + seq)) for b in range(batch))
         return Case(dtype, batch, seq, heads, head_dim, rows, memory, 1.0, seed)
 
-    return [in_form(case, call, large=True) for case in (
-        fitted(1, sizes.max_seq, 9, common, 0, "contiguous", 31),
-        fitted(2, 256, 5, widest, 4000, "transposed", 32),
-        fitted(1, 1000, 5, odd, 100, "padded", 33),
-        fitted(64, 1, 33, common, 8000, "contiguous", 34),
-    )]
+    return [
+        in_form(case, call, large=True)
+        for case in (
+            fitted(1, sizes.max_seq, 9, common, 0, "contiguous", 31),
+            fitted(2, 256, 5, widest, 4000, "transposed", 32),
+            fitted(1, 1000, 5, odd, 100, "padded", 33),
+            fitted(64, 1, 33, common, 8000, "contiguous", 34),
+        )
+    ]
 
 
 def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:
@@ -123,7 +157,7 @@ def within(case: Case, limit: int, keep_rows: bool = False) -> Case:
         return case.with_positions(np.minimum(p, limit))
     row, out, start = p[0], [], 0
     for n in case.lengths:
-        seq = row[start:start + n]
+        seq = row[start : start + n]
         out.append(seq - max(int(seq.max(initial=0)) - limit, 0))
         start += n
     return case.with_positions(np.maximum(np.concatenate(out)[None, :], 0))
@@ -144,7 +178,13 @@ def in_form(case: Case, call: str, large: bool = False) -> Case:
         lengths = [n for row in rows for n in segment_lengths(row)]
         lengths.insert(1, 0)
         memory = case.memory if case.memory in PACKED_MEMORY else "contiguous"
-        return replace(case, call="packed", batch=1, seq=int(rows.size),
-                       positions=(tuple(rows.reshape(-1).tolist()),), memory=memory,
-                       lengths=tuple(lengths))
+        return replace(
+            case,
+            call="packed",
+            batch=1,
+            seq=int(rows.size),
+            positions=(tuple(rows.reshape(-1).tolist()),),
+            memory=memory,
+            lengths=tuple(lengths),
+        )
     return case

@@ -31,16 +31,27 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
+from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
 from ropecheck.properties.sizes import TOY, Sizes
-from ropecheck.properties.strategies import (SCORES_MAX_SEQ, cut_lengths, example_grad_layout, fitted_seq,
-                                             grad_layouts, grouped_heads, head_counts, k_heads, packed_lengths,
-                                             prime_step, seq_lengths, small_offsets)
+from ropecheck.properties.strategies import (
+    SCORES_MAX_SEQ,
+    cut_lengths,
+    example_grad_layout,
+    fitted_seq,
+    grad_layouts,
+    grouped_heads,
+    head_counts,
+    k_heads,
+    packed_lengths,
+    prime_step,
+    seq_lengths,
+    small_offsets,
+)
+from ropecheck.properties.tolerance import ANGLE_CONST, U32, ErrorModel
 from ropecheck.reference import nd as ndref
 from ropecheck.reference.nd import PairRotation
-from ropecheck.properties.dtypes import torch_dtype
-from ropecheck.properties.tolerance import ANGLE_CONST, U32, ErrorModel
 
 ND_MAX_POSITION = 2**16
 INVERTIBILITY_STEP = 1009  # a step every axis resolves: c theta_p moves even its low-frequency pairs (prime: no period)
@@ -98,6 +109,7 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
         if target.call == "packed":
             case = replace(case, call="packed", lengths=lengths)
         return case
+
     return draw()
 
 
@@ -124,8 +136,9 @@ def _norms(v):
 
 
 # N-D RoPE (axial, M-RoPE, spec-free N-D): rope(x, positions) with positions (batch, seq, n_axes)
-ND = Family("N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes,
-                                                        prop.case_options.get("max_seq")))
+ND = Family(
+    "N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq"))
+)
 
 
 ND_PROPERTIES: dict[str, Property]
@@ -143,16 +156,22 @@ def nd_identity(ctx: NDContext, case: Case) -> float:
     x = case.tensor()
     x64, p = as_float64(x), np.zeros_like(case.axes_array())
     bound = ctx.model.vector_bound(_norms(x64), p[..., 0])
-    return assert_close(_norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D,
-                        what="|f(x, 0) - x| per head vector")
+    return assert_close(
+        _norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D, what="|f(x, 0) - x| per head vector"
+    )
 
 
 @nd_register(name="orthogonality", formula="|f(x, P)| = |x|")
 def nd_orthogonality(ctx: NDContext, case: Case) -> float:
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
-    return assert_close(_norms(ctx.f(x, p)), _norms(x64), ctx.model.norm_bound(_norms(x64)),
-                        axes=AXES_3D, what="|f(x, P)| = |x| per head vector")
+    return assert_close(
+        _norms(ctx.f(x, p)),
+        _norms(x64),
+        ctx.model.norm_bound(_norms(x64)),
+        axes=AXES_3D,
+        what="|f(x, P)| = |x| per head vector",
+    )
 
 
 def _scores(ctx, q, k, p):
@@ -172,31 +191,54 @@ def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> flo
 
 
 def _shift_extra(ctx, case):
-    return st.fixed_dictionaries({"axis": st.integers(0, ctx.target.n_axes - 1),
-                                  "c": st.integers(1, room(ctx.target, case.axes_array()))})
+    return st.fixed_dictionaries(
+        {"axis": st.integers(0, ctx.target.n_axes - 1), "c": st.integers(1, room(ctx.target, case.axes_array()))}
+    )
 
 
-@nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
-             extras=_shift_extra, case_options={"max_seq": SCORES_MAX_SEQ})
+@nd_register(
+    name="relativity-axis",
+    formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
+    extras=_shift_extra,
+    case_options={"max_seq": SCORES_MAX_SEQ},
+)
 def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
     shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
     shift[axis] = c
     return _relativity(ctx, case, shift, f"scores after shifting axis {axis} by {c}")
 
 
-@nd_register(name="relativity-joint", formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
-             extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
-                 st.integers(-int(case.axes_array().min()), min(4096, room(ctx.target, case.axes_array()))),
-                 min_size=ctx.target.n_axes,
-                 max_size=ctx.target.n_axes)}), case_options={"max_seq": SCORES_MAX_SEQ})
+@nd_register(
+    name="relativity-joint",
+    formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {
+            "c": st.lists(
+                st.integers(-int(case.axes_array().min()), min(4096, room(ctx.target, case.axes_array()))),
+                min_size=ctx.target.n_axes,
+                max_size=ctx.target.n_axes,
+            )
+        }
+    ),
+    case_options={"max_seq": SCORES_MAX_SEQ},
+)
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
 
 
-@nd_register(name="commutation", formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
-             extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
-                 st.integers(0, min(4096, room(ctx.target, case.axes_array()))), min_size=ctx.target.n_axes,
-                 max_size=ctx.target.n_axes)}))
+@nd_register(
+    name="commutation",
+    formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {
+            "q": st.lists(
+                st.integers(0, min(4096, room(ctx.target, case.axes_array()))),
+                min_size=ctx.target.n_axes,
+                max_size=ctx.target.n_axes,
+            )
+        }
+    ),
+)
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.axes_array()
     q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
@@ -205,13 +247,21 @@ def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     direct = ctx.f(x, p + q)
     n = _norms(as_float64(x))
     bound = n * (ctx.eps(p) + ctx.eps(q) + ctx.eps(p + q))[..., 0][..., None] + 3 * ctx.model.floor
-    return assert_close(_norms(twice - direct), 0.0, bound, positions=None, axes=AXES_3D,
-                        what="|f(f(x, P), Q) - f(x, P + Q)| per head vector")
+    return assert_close(
+        _norms(twice - direct),
+        0.0,
+        bound,
+        positions=None,
+        axes=AXES_3D,
+        what="|f(f(x, P), Q) - f(x, P + Q)| per head vector",
+    )
 
 
-@nd_register(name="invertibility",
-             formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
-                     "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)")
+@nd_register(
+    name="invertibility",
+    formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
+    "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)",
+)
 def nd_invertibility(ctx: NDContext, case: Case) -> float:
     c = prime_step(INVERTIBILITY_STEP, limit(ctx.target) // 4)  # inputs <= limit / 2, plus two steps
     p = case.axes_array() + c  # keeps P + c (e_j - e_k) >= 0
@@ -224,27 +274,47 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
     worst = 0.0
     for step in steps:
         moved = ctx.f(x, p + step)
-        worst = max(worst, assert_distinct(_norms(moved - base), 0.0, noise, axes=AXES_3D,
-                                           what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost"))
+        worst = max(
+            worst,
+            assert_distinct(
+                _norms(moved - base),
+                0.0,
+                noise,
+                axes=AXES_3D,
+                what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost",
+            ),
+        )
     return worst
 
 
-@nd_register(name="reference", formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
-             needs_convention=True)
+@nd_register(
+    name="reference",
+    formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
+    needs_convention=True,
+)
 def nd_reference(ctx: NDContext, case: Case) -> float:
     conv = convention_for(ctx.target, case.head_dim)
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)
     bound = element_bound(ctx.model, conv, x64, p)
-    return assert_close(ctx.f(x, p), expected, bound, axes=("batch", "seq", "head", "feature"),
-                        what=f"f(x, P) vs the float64 reference ({conv.description})")
+    return assert_close(
+        ctx.f(x, p),
+        expected,
+        bound,
+        axes=("batch", "seq", "head", "feature"),
+        what=f"f(x, P) vs the float64 reference ({conv.description})",
+    )
 
 
-@nd_register(name="backward",
-             formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
-                     "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
-             needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout)
+@nd_register(
+    name="backward",
+    formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
+    "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
+    needs_backward=True,
+    extras=grad_layouts,
+    example_extras=example_grad_layout,
+)
 def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     """The target's own VJP at (x, P) applied to g. Adjoint identity, spec-free: VJP(g) = A^T g
     for the Jacobian A = R_P that f applies, so <VJP(g), v> = <g, f(v, P)> per head vector
@@ -261,15 +331,23 @@ def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     vjp = as_float64(ctx.rope.vjp(x, ctx.positions(p), g))
     g64, v64 = as_float64(g), as_float64(v)
     ng, nv = _norms(g64), _norms(v64)
-    adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * ctx.f(v, p), -1),
-                           2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv), axes=AXES_3D,
-                           what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head")
+    adjoint = assert_close(
+        np.sum(vjp * v64, -1),
+        np.sum(g64 * ctx.f(v, p), -1),
+        2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv),
+        axes=AXES_3D,
+        what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head",
+    )
     conv = convention_for(ctx.target, case.head_dim)
     if conv is None:
         return adjoint
-    exact = assert_close(vjp, conv.apply(g64, p, inverse=True), element_bound(ctx.model, conv, g64, p),
-                         axes=("batch", "seq", "head", "feature"),
-                         what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})")
+    exact = assert_close(
+        vjp,
+        conv.apply(g64, p, inverse=True),
+        element_bound(ctx.model, conv, g64, p),
+        axes=("batch", "seq", "head", "feature"),
+        what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})",
+    )
     return max(adjoint, exact)
 
 
@@ -319,11 +397,16 @@ def _declare_axial(parameters: dict, own) -> Declaration:
     n_axes = _axes(parameters)
     head_dims = _head_dims(parameters, n_axes)
     if parameters.get("layout") is None:
-        raise FamilyError("--family axial needs --layout (half or interleaved); --family nd runs the "
-                          "spec-free checks only")
+        raise FamilyError(
+            "--family axial needs --layout (half or interleaved); --family nd runs the spec-free checks only"
+        )
     try:
-        conventions = {d: ndref.axial(d, n_axes, layout=parameters["layout"], base=_bases(parameters),
-                                      split=parameters.get("split")) for d in head_dims}
+        conventions = {
+            d: ndref.axial(
+                d, n_axes, layout=parameters["layout"], base=_bases(parameters), split=parameters.get("split")
+            )
+            for d in head_dims
+        }
     except (ValueError, TypeError) as exc:
         raise FamilyError(str(exc)) from None
     return Declaration(conventions, n_axes=n_axes, head_dims=head_dims, dtypes=ND_DTYPES)
@@ -337,8 +420,12 @@ def _declare_mrope(parameters: dict, own) -> Declaration:
     if isinstance(base, list):
         raise FamilyError("--family mrope takes one --base")
     try:
-        conv = ndref.mrope(list(sections), layout=parameters.get("layout") or "half", base=base,
-                           interleaved=bool(parameters.get("mrope_interleaved")))
+        conv = ndref.mrope(
+            list(sections),
+            layout=parameters.get("layout") or "half",
+            base=base,
+            interleaved=bool(parameters.get("mrope_interleaved")),
+        )
     except (ValueError, TypeError) as exc:
         raise FamilyError(str(exc)) from None
     return Declaration(conv, n_axes=len(sections), head_dims=(conv.head_dim,), dtypes=ND_DTYPES)
@@ -352,7 +439,10 @@ def _declare_nd(parameters: dict, own) -> Declaration:
 _CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes)"
 ND_FAMILIES = (
     ND.variant("axial", _declare_axial, f"{_CONTRACT}: features split into per-axis blocks, a 1-D RoPE in each"),
-    ND.variant("mrope", _declare_mrope, f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their "
-                                        "section assigns (Qwen2-VL, Qwen3-VL)"),
+    ND.variant(
+        "mrope",
+        _declare_mrope,
+        f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their section assigns (Qwen2-VL, Qwen3-VL)",
+    ),
     ND.variant("nd", _declare_nd, f"{_CONTRACT}: the spec-free N-D checks only"),
 )

@@ -18,13 +18,12 @@ import torch
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.convention import Convention
-from ropecheck.properties.interface import Subject
-from ropecheck.properties.fixed_cases import (counts_up, critical_cases, huge_case, large_cases, production_cases,
-                                               within)
-from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput
-from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
-from ropecheck.properties.sizes import huge_fits
 from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.fixed_cases import counts_up, critical_cases, huge_case, large_cases, production_cases, within
+from ropecheck.properties.interface import Subject
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput
+from ropecheck.properties.sizes import huge_fits
+from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE
 from ropecheck.reference.scaling import Scaling
 
@@ -65,15 +64,24 @@ class Context(FamilyContext):
 def _one_d_cases(prop, ctx: Context):
     options = dict(prop.case_options)
     options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-    return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call, sizes=ctx.sizes,
-                 k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
+    return cases(
+        ctx.dtype,
+        ctx.target.rotary_dim,
+        call=ctx.target.call,
+        sizes=ctx.sizes,
+        k_optional=ctx.target.k_optional,
+        row_offsets=ctx.target.row_offsets,
+        **options,
+    )
 
 
 def _example_fits(prop, case) -> bool:
     options = prop.case_options
-    return (case.batch >= options.get("min_batch", 1)
-            and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
-            and case.memory in options.get("memory", (case.memory,)))
+    return (
+        case.batch >= options.get("min_batch", 1)
+        and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
+        and case.memory in options.get("memory", (case.memory,))
+    )
 
 
 def _fixed_inputs(prop, ctx: Context) -> list:
@@ -82,8 +90,8 @@ def _fixed_inputs(prop, ctx: Context) -> list:
     call, r = ctx.target.call, ctx.target.rotary_dim
     fixed = critical_cases(ctx.dtype, r, call)
     if prop.large:
-        fixed += large_cases(ctx.dtype, r, call)[:prop.large]
-        fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[:prop.large]
+        fixed += large_cases(ctx.dtype, r, call)[: prop.large]
+        fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
         fixed.append(huge_case(ctx.dtype, r, call))
     out = []
@@ -103,8 +111,7 @@ def _fixed_inputs(prop, ctx: Context) -> list:
 
 def _same_theta(prop, target: Subject) -> tuple[bool, str]:
     if prop.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
-        return False, ("not promised: the declared dynamic scaling takes theta from each "
-                       "call's largest position")
+        return False, ("not promised: the declared dynamic scaling takes theta from each call's largest position")
     return True, ""
 
 
@@ -116,13 +123,16 @@ def _smoke_inputs(target: Subject, dtype: str):
     head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
     for head_dim in head_dims:
         for batch, seq, heads in SMOKE_SHAPES:
-            x = torch.randn(batch, seq, heads, head_dim,
-                            generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+            x = torch.randn(batch, seq, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(
+                torch_dtype(dtype)
+            )
             positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
-            yield SmokeInput(f"x {tuple(x.shape)}",
-                             f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "
-                             f"positions 0 .. {seq - 1} in every row",
-                             lambda rope, x=x, positions=positions: rope(x, positions))
+            yield SmokeInput(
+                f"x {tuple(x.shape)}",
+                f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "
+                f"positions 0 .. {seq - 1} in every row",
+                lambda rope, x=x, positions=positions: rope(x, positions),
+            )
 
 
 def _declare(parameters: dict, own) -> Declaration:
@@ -149,8 +159,17 @@ def _declare(parameters: dict, own) -> Declaration:
 
 
 # 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
-ONE_D = Family("rope", Context, _one_d_cases, _fixed_inputs, _same_theta, _smoke_inputs, declare=_declare,
-               range_probe=True, description="rope(x, positions) -> y, positions int64 (batch, seq) (1-D RoPE)")
+ONE_D = Family(
+    "rope",
+    Context,
+    _one_d_cases,
+    _fixed_inputs,
+    _same_theta,
+    _smoke_inputs,
+    declare=_declare,
+    range_probe=True,
+    description="rope(x, positions) -> y, positions int64 (batch, seq) (1-D RoPE)",
+)
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,7 @@ class Probe:
 
 
 # --- shared pieces -----------------------------------------------------------------
+
 
 def vector_norms(v: np.ndarray) -> np.ndarray:
     return np.linalg.norm(v, axis=-1)
@@ -209,8 +229,9 @@ def where_pairs(ctx: Context, head_dim: int) -> str:
 REFERENCE_CHUNK = 2**22
 
 
-def against_reference(ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *,
-                       what: str, inverse: bool = False) -> float:
+def against_reference(
+    ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *, what: str, inverse: bool = False
+) -> float:
     """y (the target's output, or its VJP, as it returned it) against the float64 reference
     R_m x (``inverse``: R_m^T x), a chunk of the sequence at a time: only y and x are held
     whole, in their dtype. A dynamic scaling's theta comes from the whole call."""

@@ -99,8 +99,7 @@ class Family:
 
     def variant(self, name: str, declare: Callable, description: str = "", **changes) -> "Family":
         """A family with this one's checks and properties, another name and declaration."""
-        return replace(self, name=name, declare=declare, description=description or self.description,
-                       **changes)
+        return replace(self, name=name, declare=declare, description=description or self.description, **changes)
 
     def selected(self, names=()) -> list:
         """Its properties named (all of them without names; the position-range probe is

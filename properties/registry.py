@@ -15,5 +15,7 @@ def property_registry(record: Callable, registry: Optional[dict] = None) -> tupl
         def wrap(check):
             registry[fields["name"]] = record(check=check, **fields)
             return check
+
         return wrap
+
     return registry, register

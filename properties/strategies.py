@@ -30,8 +30,9 @@ POSITION_BUDGET = 2**27
 
 # Integer limits of the dtypes positions get wrongly held in, and 2^k +- 1.
 LIMITS = (255, 256, 257, 2047, 2048, 2049, 32767, 32768, 65504, 65505, 65535, 65536)
-BOUNDARIES = tuple(sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1)
-                           if v <= MAX_POSITION} | set(LIMITS)))
+BOUNDARIES = tuple(
+    sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1) if v <= MAX_POSITION} | set(LIMITS))
+)
 
 # Three head sizes per run: a small one (minimal counterexamples; >= 4 so the layouts
 # differ), one that is not a multiple of 64 (special paths), and the common 128. Few
@@ -70,6 +71,7 @@ def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStr
 # Strategies are immutable: the ones built from draw-dependent arguments are cached, so a
 # draw reuses them instead of building (and validating) new strategy objects each time,
 # which was a third of a run's time. The same strategies, so the same draws.
+
 
 @lru_cache(maxsize=None)
 def offsets(limit: int) -> st.SearchStrategy[int]:
@@ -119,15 +121,17 @@ def _spread_positions(seed: int, batch: int, seq: int, limit: int) -> np.ndarray
     rng = np.random.default_rng(seed)
     size = batch * seq
     marked = np.asarray([b for b in BOUNDARIES if b <= limit] or [0], dtype=np.int64)
-    values = np.where(rng.random(size) < 0.5, rng.integers(0, limit + 1, size),
-                      rng.integers(0, min(limit, 4096) + 1, size))
-    values[:min(size, marked.size)] = marked[:size]
+    values = np.where(
+        rng.random(size) < 0.5, rng.integers(0, limit + 1, size), rng.integers(0, min(limit, 4096) + 1, size)
+    )
+    values[: min(size, marked.size)] = marked[:size]
     return values.reshape(batch, seq)
 
 
 @lru_cache(maxsize=None)
-def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
-                   row_offsets: bool = False) -> st.SearchStrategy[np.ndarray]:
+def position_grids(
+    batch: int, seq: int, limit: int = MAX_POSITION, row_offsets: bool = False
+) -> st.SearchStrategy[np.ndarray]:
     """(batch, seq) int64 positions, every value in [0, limit]; ``row_offsets``: offset +
     arange(seq) in every row."""
     return _position_grids(batch, seq, limit, row_offsets)
@@ -151,8 +155,11 @@ def seq_lengths(short: st.SearchStrategy, min_seq: int, max_seq: int) -> st.Sear
         return short
     top = max(min_seq, max_seq)
     long = [n for n in LONG_SEQS if min_seq <= n <= top]
-    return st.one_of(st.integers(min_seq, max(min_seq, min(8, top))), st.integers(min_seq, top),
-                     *([st.sampled_from(long)] if long else []))
+    return st.one_of(
+        st.integers(min_seq, max(min_seq, min(8, top))),
+        st.integers(min_seq, top),
+        *([st.sampled_from(long)] if long else []),
+    )
 
 
 @lru_cache(maxsize=None)
@@ -197,8 +204,21 @@ def cut_lengths(lengths, min_seq: int, elements_per_token: int, sizes: Sizes) ->
 
 
 @st.composite
-def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions,
-           call="x", k_optional=False, row_offsets=False, sizes=TOY, max_seq=None) -> Case:
+def _cases(
+    draw,
+    dtype,
+    rotary_dim,
+    min_batch,
+    min_seq,
+    max_position,
+    memory,
+    positions,
+    call="x",
+    k_optional=False,
+    row_offsets=False,
+    sizes=TOY,
+    max_seq=None,
+) -> Case:
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
     if call == "packed":
         return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions, sizes, longest))
@@ -213,10 +233,13 @@ def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, po
     head_dim = draw(head_dims(rotary_dim, sizes))
     seq = fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim, sizes)
     limit = min(max_position, max_position_for(head_dim))
-    grid = (draw(position_grids(batch, seq, limit, row_offsets)) if positions
-            else np.zeros((batch, seq), dtype=np.int64))
+    grid = draw(position_grids(batch, seq, limit, row_offsets)) if positions else np.zeros((batch, seq), dtype=np.int64)
     case = Case(
-        dtype=dtype, batch=batch, seq=seq, heads=heads, head_dim=head_dim,
+        dtype=dtype,
+        batch=batch,
+        seq=seq,
+        heads=heads,
+        head_dim=head_dim,
         positions=tuple(map(tuple, grid.tolist())),
         memory=draw(st.sampled_from(memory)),
         scale=draw(st.sampled_from(scales(dtype))),
@@ -249,10 +272,12 @@ def grouped_heads(ratios: tuple, k_optional: bool) -> st.SearchStrategy[tuple]:
     """(q heads, k heads) of a production (q, k) call: q/k ratio from ``ratios`` (1: MHA,
     4 and 8: GQA as Llama's, 32: one key head for 32 query heads), k_heads 0 (k=None)
     where the target accepts it."""
+
     def pair(ratio_and_k):
         ratio, k = ratio_and_k
         k = min(k, max(1, 64 // ratio))
         return ratio * k, k
+
     drawn = st.tuples(st.sampled_from(ratios), st.sampled_from(GROUPED_K_HEADS)).map(pair)
     if k_optional:
         drawn = st.one_of(drawn, st.sampled_from((1, 8, 32)).map(lambda q: (q, 0)))
@@ -273,8 +298,7 @@ def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]
 
 
 @st.composite
-def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions,
-                  sizes=TOY, max_seq=24) -> Case:
+def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions, sizes=TOY, max_seq=24) -> Case:
     head_dim = draw(head_dims(rotary_dim, sizes))
     limit = min(max_position, max_position_for(head_dim))
     if positions:
@@ -291,23 +315,54 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
     lengths = cut_lengths(lengths, min_seq, heads * head_dim, sizes)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
     usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
-    return Case(dtype=dtype, batch=1, seq=int(row.size), heads=heads,
-                head_dim=head_dim, positions=(tuple(row.tolist()),),
-                memory=draw(st.sampled_from(usable)), scale=draw(st.sampled_from(scales(dtype))),
-                seed=draw(st.integers(0, 2**16)), call="packed", lengths=tuple(lengths))
+    return Case(
+        dtype=dtype,
+        batch=1,
+        seq=int(row.size),
+        heads=heads,
+        head_dim=head_dim,
+        positions=(tuple(row.tolist()),),
+        memory=draw(st.sampled_from(usable)),
+        scale=draw(st.sampled_from(scales(dtype))),
+        seed=draw(st.integers(0, 2**16)),
+        call="packed",
+        lengths=tuple(lengths),
+    )
 
 
 @lru_cache(maxsize=None)
-def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
-          min_seq: int = 1, max_position: int = MAX_POSITION,
-          memory=MEMORY_LAYOUTS, positions=True, call: str = "x",
-          k_optional: bool = False, row_offsets: bool = False, sizes: Sizes = TOY,
-          max_seq: int | None = None) -> st.SearchStrategy[Case]:
+def cases(
+    dtype: str,
+    rotary_dim: int | None = None,
+    *,
+    min_batch: int = 1,
+    min_seq: int = 1,
+    max_position: int = MAX_POSITION,
+    memory=MEMORY_LAYOUTS,
+    positions=True,
+    call: str = "x",
+    k_optional: bool = False,
+    row_offsets: bool = False,
+    sizes: Sizes = TOY,
+    max_seq: int | None = None,
+) -> st.SearchStrategy[Case]:
     """RoPE inputs (Case records) in ``dtype``, in the target's call form, at ``sizes``
     (``max_seq``: a property's own cap on the sequence); ``row_offsets``: positions offset
     + arange(seq) in every row."""
-    return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions,
-                  call, k_optional, row_offsets, sizes, max_seq)
+    return _cases(
+        dtype,
+        rotary_dim,
+        min_batch,
+        min_seq,
+        max_position,
+        tuple(memory),
+        positions,
+        call,
+        k_optional,
+        row_offsets,
+        sizes,
+        max_seq,
+    )
 
 
 @lru_cache(maxsize=None)

@@ -13,9 +13,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
 from ropecheck.reference import pair_indices
 from ropecheck.reference.scaling import Linear, Scaling
-from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
 
 SAME = 1e-3  # a fitted base or scale this close to the declared one is no diagnosis
 
@@ -63,8 +63,8 @@ class Candidate:
     exact: bool = True
 
 
-
 # --- models -----------------------------------------------------------------------------
+
 
 def rotation(probe: Probe, convention=None, positions=None, start=0, inverse=False) -> Model:
     """``convention`` (default: the declared one) at ``positions`` (default: the probe's)
@@ -109,6 +109,7 @@ def _partial(kind: str):
             return rotation(probe, whole)
         # theta_i = base^(-2i/d) = (base^(r/d))^(-2i/r): the same float32 operations
         return rotation(probe, replace(conv, base=conv.base ** (r / d)))
+
     return model
 
 
@@ -144,6 +145,7 @@ def _rounding(probe: Probe, option) -> Optional[Model]:
 
 # --- fitted parameters -------------------------------------------------------------------
 
+
 def _measured_theta(probe: Probe) -> Optional[np.ndarray]:
     """theta_i as the target turns each declared pair: the angle at position 1, refined
     over row 0's larger positions by taking the 2 pi branch nearest m theta_i."""
@@ -172,8 +174,11 @@ def _bases(probe: Probe) -> list[tuple[float, float]]:
         return []
     e = 2.0 * np.arange(1, len(theta)) / probe.rotary
     fitted = math.exp(-np.sum(e * np.log(theta[1:] / theta[0])) / np.sum(e * e))
-    return [(b, fitted) for b in _round_numbers(fitted)
-            if b > 1 and math.isfinite(b) and not math.isclose(b, probe.convention.base, rel_tol=SAME)]
+    return [
+        (b, fitted)
+        for b in _round_numbers(fitted)
+        if b > 1 and math.isfinite(b) and not math.isclose(b, probe.convention.base, rel_tol=SAME)
+    ]
 
 
 def _scales(probe: Probe) -> list[tuple[float, float]]:
@@ -182,9 +187,11 @@ def _scales(probe: Probe) -> list[tuple[float, float]]:
     if theta is None or not theta[0] > 0:
         return []
     fitted = 1.0 / float(theta[0])
-    return [(s, fitted) for s in _round_numbers(fitted)
-            if s > 0 and not math.isclose(s, 1.0, rel_tol=SAME)
-            and Linear(factor=s) != probe.convention.scaling]
+    return [
+        (s, fitted)
+        for s in _round_numbers(fitted)
+        if s > 0 and not math.isclose(s, 1.0, rel_tol=SAME) and Linear(factor=s) != probe.convention.scaling
+    ]
 
 
 def _declared_scaling(probe: Probe) -> str:
@@ -212,65 +219,125 @@ def _describe_rounding(probe: Probe, option) -> tuple[str, str]:
     kind, dtype = option
     bits = int(round(-math.log2(UNIT_ROUNDOFF[dtype])))
     if kind == "cos/sin":
-        return (f"cos and sin are rounded to {dtype} while x is {probe.ctx.dtype}",
-                f"stays within {dtype}'s rounding of cos and sin (2^-{bits} of each pair's norm "
-                "beyond the float32 error model) at every position")
-    return (f"the angles m*theta_i (or the positions) are held in {dtype}",
-            f"grows with |m theta_i| within {dtype}'s rounding of the angle (3 * 2^-{bits} |m theta_i|)")
+        return (
+            f"cos and sin are rounded to {dtype} while x is {probe.ctx.dtype}",
+            f"stays within {dtype}'s rounding of cos and sin (2^-{bits} of each pair's norm "
+            "beyond the float32 error model) at every position",
+        )
+    return (
+        f"the angles m*theta_i (or the positions) are held in {dtype}",
+        f"grows with |m theta_i| within {dtype}'s rounding of the angle (3 * 2^-{bits} |m theta_i|)",
+    )
 
 
 CANDIDATES = (
-    Candidate("clockwise", lambda p, _: rotation(p, inverse=True),
-              lambda p, _: ("the target rotates clockwise", "the reference at -m")),
-    Candidate("layout", lambda p, _: rotation(p, replace(p.convention, layout=OTHER[p.convention.layout])),
-              lambda p, _: (f"the target pairs features {PAIRING[OTHER[p.convention.layout]]}, the "
-                            f"{OTHER[p.convention.layout]} layout, not {PAIRING[p.convention.layout]}, "
-                            f"the declared {p.convention.layout} layout",
-                            f"the {OTHER[p.convention.layout]}-layout reference")),
-    Candidate("offset", lambda p, k: rotation(p, positions=p.positions + k),
-              lambda p, k: (f"positions are off by {k:+d}", f"the reference at {_shift(k)}"),
-              options=lambda p: (1, -1, 2, -2, 3, -3)),
-    Candidate("positions-ignored",
-              lambda p, _: rotation(p, positions=np.broadcast_to(np.arange(p.positions.shape[1]),
-                                                                  p.positions.shape)),
-              lambda p, _: ("the positions are ignored: the target uses 0 .. seq-1 in every row",
-                            "the reference at positions 0 .. seq-1")),
-    Candidate("first-row-positions",
-              lambda p, _: rotation(p, positions=np.broadcast_to(p.positions[:1], p.positions.shape)),
-              lambda p, _: ("every batch row gets row 0's positions",
-                            "the reference with row 0's positions in every row")),
-    Candidate("no-rotation", lambda p, _: rotation(p, positions=np.zeros_like(p.positions)),
-              lambda p, _: ("the target does not rotate at all", "its input")),
-    Candidate("positions-rounded", _rounded_positions,
-              lambda p, dtype: (f"positions are rounded to {dtype} before the angle is formed",
-                                f"the reference at {dtype}(m)"),
-              options=lambda p: ("float16", "bfloat16")),
-    Candidate("last-features", _partial("last"),
-              lambda p, _: (f"the last {p.rotary} features rotate instead of the first {p.rotary}",
-                            f"the reference applied to features {p.head_dim - p.rotary} .. "
-                            f"{p.head_dim - 1}")),
-    Candidate("whole-head", _partial("whole"),
-              lambda p, _: (f"the whole head rotates (head_dim {p.head_dim}), not the declared first "
-                            f"{p.rotary} features", f"the reference with rotary_dim {p.head_dim}")),
-    Candidate("theta-from-head-dim", _partial("theta"),
-              lambda p, _: (f"the frequencies come from head_dim: theta_i = base^(-2i/{p.head_dim}), "
-                            f"not base^(-2i/{p.rotary})",
-                            f"the reference with theta_i = base^(-2i/{p.head_dim})")),
-    Candidate("scaling-not-applied", _unscaled,
-              lambda p, _: (f"the declared scaling ({_declared_scaling(p)}) is not applied",
-                            "the unscaled reference")),
-    Candidate("linear-scale", lambda p, s: rotation(p, replace(p.convention, scaling=Linear(factor=s[0]))),
-              lambda p, s: (f"positions are scaled by 1/{s[0]:g} (linear interpolation, factor "
-                            f"{s[0]:g}; fitted from its angles: {s[1]:.7g}), not as declared "
-                            f"(scaling: {_declared_scaling(p)})",
-                            f"the reference with linear scaling factor {s[0]:g}"),
-              options=_scales),
-    Candidate("base", lambda p, b: rotation(p, replace(p.convention, base=b[0])),
-              lambda p, b: (f"the target uses base {b[0]:g} (fitted from its angles: {b[1]:.7g}), "
-                            f"not {p.convention.base:g}", f"the reference with base {b[0]:g}"),
-              options=_bases),
-    Candidate("rounding", _rounding, _describe_rounding,
-              options=lambda p: (("cos/sin", "float16"), ("cos/sin", "bfloat16"),
-                                 ("angles", "float16"), ("angles", "bfloat16")),
-              exact=False),
+    Candidate(
+        "clockwise",
+        lambda p, _: rotation(p, inverse=True),
+        lambda p, _: ("the target rotates clockwise", "the reference at -m"),
+    ),
+    Candidate(
+        "layout",
+        lambda p, _: rotation(p, replace(p.convention, layout=OTHER[p.convention.layout])),
+        lambda p, _: (
+            f"the target pairs features {PAIRING[OTHER[p.convention.layout]]}, the "
+            f"{OTHER[p.convention.layout]} layout, not {PAIRING[p.convention.layout]}, "
+            f"the declared {p.convention.layout} layout",
+            f"the {OTHER[p.convention.layout]}-layout reference",
+        ),
+    ),
+    Candidate(
+        "offset",
+        lambda p, k: rotation(p, positions=p.positions + k),
+        lambda p, k: (f"positions are off by {k:+d}", f"the reference at {_shift(k)}"),
+        options=lambda p: (1, -1, 2, -2, 3, -3),
+    ),
+    Candidate(
+        "positions-ignored",
+        lambda p, _: rotation(p, positions=np.broadcast_to(np.arange(p.positions.shape[1]), p.positions.shape)),
+        lambda p, _: (
+            "the positions are ignored: the target uses 0 .. seq-1 in every row",
+            "the reference at positions 0 .. seq-1",
+        ),
+    ),
+    Candidate(
+        "first-row-positions",
+        lambda p, _: rotation(p, positions=np.broadcast_to(p.positions[:1], p.positions.shape)),
+        lambda p, _: ("every batch row gets row 0's positions", "the reference with row 0's positions in every row"),
+    ),
+    Candidate(
+        "no-rotation",
+        lambda p, _: rotation(p, positions=np.zeros_like(p.positions)),
+        lambda p, _: ("the target does not rotate at all", "its input"),
+    ),
+    Candidate(
+        "positions-rounded",
+        _rounded_positions,
+        lambda p, dtype: (
+            f"positions are rounded to {dtype} before the angle is formed",
+            f"the reference at {dtype}(m)",
+        ),
+        options=lambda p: ("float16", "bfloat16"),
+    ),
+    Candidate(
+        "last-features",
+        _partial("last"),
+        lambda p, _: (
+            f"the last {p.rotary} features rotate instead of the first {p.rotary}",
+            f"the reference applied to features {p.head_dim - p.rotary} .. {p.head_dim - 1}",
+        ),
+    ),
+    Candidate(
+        "whole-head",
+        _partial("whole"),
+        lambda p, _: (
+            f"the whole head rotates (head_dim {p.head_dim}), not the declared first {p.rotary} features",
+            f"the reference with rotary_dim {p.head_dim}",
+        ),
+    ),
+    Candidate(
+        "theta-from-head-dim",
+        _partial("theta"),
+        lambda p, _: (
+            f"the frequencies come from head_dim: theta_i = base^(-2i/{p.head_dim}), not base^(-2i/{p.rotary})",
+            f"the reference with theta_i = base^(-2i/{p.head_dim})",
+        ),
+    ),
+    Candidate(
+        "scaling-not-applied",
+        _unscaled,
+        lambda p, _: (f"the declared scaling ({_declared_scaling(p)}) is not applied", "the unscaled reference"),
+    ),
+    Candidate(
+        "linear-scale",
+        lambda p, s: rotation(p, replace(p.convention, scaling=Linear(factor=s[0]))),
+        lambda p, s: (
+            f"positions are scaled by 1/{s[0]:g} (linear interpolation, factor "
+            f"{s[0]:g}; fitted from its angles: {s[1]:.7g}), not as declared "
+            f"(scaling: {_declared_scaling(p)})",
+            f"the reference with linear scaling factor {s[0]:g}",
+        ),
+        options=_scales,
+    ),
+    Candidate(
+        "base",
+        lambda p, b: rotation(p, replace(p.convention, base=b[0])),
+        lambda p, b: (
+            f"the target uses base {b[0]:g} (fitted from its angles: {b[1]:.7g}), not {p.convention.base:g}",
+            f"the reference with base {b[0]:g}",
+        ),
+        options=_bases,
+    ),
+    Candidate(
+        "rounding",
+        _rounding,
+        _describe_rounding,
+        options=lambda p: (
+            ("cos/sin", "float16"),
+            ("cos/sin", "bfloat16"),
+            ("angles", "float16"),
+            ("angles", "bfloat16"),
+        ),
+        exact=False,
+    ),
 )

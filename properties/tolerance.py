@@ -96,8 +96,7 @@ class ErrorModel:
         if e_ln_base is None:  # theta_i = base^(-e_i)  =>  e_i ln(base) = -ln(theta_i)
             e_ln_base = -np.log(theta)
         gain = np.asarray(gain, dtype=np.float64)
-        per_freq = theta * (gain * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST)
-                            + 4.0 * (gain - 1.0) + theta_ops)
+        per_freq = theta * (gain * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST) + 4.0 * (gain - 1.0) + theta_ops)
         return U32 * m[..., None] * per_freq
 
     @classmethod
@@ -106,9 +105,13 @@ class ErrorModel:
         scaling's extra operations and gain included): shape (*positions.shape, r/2).
         ``seq_len``: the whole call's, when ``positions`` are a chunk of it."""
         scaling = convention.scaling
-        return cls.angle_error(positions, convention.theta(head_dim, positions, seq_len),
-                               convention.exponent_log_base(head_dim), scaling.theta_ops,
-                               scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base))
+        return cls.angle_error(
+            positions,
+            convention.theta(head_dim, positions, seq_len),
+            convention.exponent_log_base(head_dim),
+            scaling.theta_ops,
+            scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base),
+        )
 
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):

@@ -37,16 +37,27 @@ from typing import Optional
 
 from rich.console import Console
 
-from ropecheck.report.output import (EXIT_STATUS, print_failures, print_notes, results_table, session_dict,
-                                     unusable_dict, verdict_line, write_junit, write_unusable)
+from ropecheck.report.output import (
+    EXIT_STATUS,
+    print_failures,
+    print_notes,
+    results_table,
+    session_dict,
+    unusable_dict,
+    verdict_line,
+    write_junit,
+    write_unusable,
+)
 from ropecheck.session import options as table
 from ropecheck.session.options import UsageError, parse
 from ropecheck.session.prepare import prepare
 from ropecheck.session.session import Session
 from ropecheck.session.spec import UnusableTarget, in_process, name_of
 
-IN_PROCESS_OBJECT = ("it is a Python object, and a worker process cannot receive a lambda or a closure; "
-                     "pass 'path/to/file.py:func' to isolate it in one")
+IN_PROCESS_OBJECT = (
+    "it is a Python object, and a worker process cannot receive a lambda or a closure; "
+    "pass 'path/to/file.py:func' to isolate it in one"
+)
 IN_PROCESS_ASKED = "in_process=True"
 
 
@@ -173,23 +184,28 @@ def check(target=None, **keywords) -> Report:
 def _signature() -> inspect.Signature:
     """``check``'s signature as the option table gives it (``help(ropecheck.check)``)."""
     params = [inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
-    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default_for("api"))
-               for o in table.for_command("check") if o.api and o.name != "target"]
+    params += [
+        inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default_for("api"))
+        for o in table.for_command("check")
+        if o.api and o.name != "target"
+    ]
     return inspect.Signature(params, return_annotation=Report)
 
 
 check.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
-def identify(target, *, timeout: float = table.BY_NAME["timeout"].default, max_position: int = 2**24,
-             in_process: bool = False):
+def identify(
+    target, *, timeout: float = table.BY_NAME["timeout"].default, max_position: int = 2**24, in_process: bool = False
+):
     """Infer ``target``'s convention by probing it, as ``ropecheck identify`` does; returns an
     ``Identification``: ``.rotary`` (a rotary embedding at all), ``.options`` (its
     convention as ``check`` keywords), ``.flags`` (as ``ropecheck check`` flags),
     ``.layout``, ``.base``, ``.rotary_dim``, ``.to_json()``. A name runs in a worker
     process, a Python object here (as ``check``).
     Raises ``UnusableTarget`` when the target cannot be loaded or called."""
-    from ropecheck.identification.engine import UnusableTarget as Unusable, identify_spec
+    from ropecheck.identification.engine import UnusableTarget as Unusable
+    from ropecheck.identification.engine import identify_spec
     from ropecheck.session.loading import is_named
 
     try:

@@ -18,12 +18,20 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ropecheck.calling.in_process import on_abort
+from ropecheck.report.output import (
+    EXIT_STATUS,
+    print_failures,
+    print_notes,
+    results_table,
+    verdict_line,
+    write_json,
+    write_junit,
+    write_unusable,
+)
 from ropecheck.session import options as table
 from ropecheck.session.options import Option, UsageError, parse
 from ropecheck.session.prepare import prepare
 from ropecheck.session.spec import UnusableTarget, name_of
-from ropecheck.report.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
-                                     write_json, write_junit, write_unusable)
 from ropecheck.targets.builtins import DEFAULT_TARGET
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -60,6 +68,7 @@ def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE, records: Op
 
 
 # --- commands made from the option table ---------------------------------------------------
+
 
 class GroupedOption(click.Option):
     """An option that --help lists under the heading of what it configures."""
@@ -114,29 +123,53 @@ class TableCommand(click.Command):
 def _param(option: Option, command: str):
     """The click parameter of one option (values are converted by ``options.parse``)."""
     if option.name == "target":
-        return GroupedArgument(["target"], required=command == "identify", group=option.group,
-                               description=option.help.split("; set in the ini")[0] + ".")
+        return GroupedArgument(
+            ["target"],
+            required=command == "identify",
+            group=option.group,
+            description=option.help.split("; set in the ini")[0] + ".",
+        )
     default = option.default_for("cli", command)
-    text = ",".join(default) if isinstance(default, tuple) else f"{default:g}" if isinstance(default, float) else default
+    text = (
+        ",".join(default) if isinstance(default, tuple) else f"{default:g}" if isinstance(default, float) else default
+    )
     shown = "" if default in (None, False, True, ()) or option.kind == table.SWITCH else f" [default: {text}]"
     common = dict(group=option.group, help=option.help + shown)
     if option.kind == table.SWITCH:
         return GroupedOption([option.cli, option.name], is_flag=True, default=False, **common)
     kind = click.Choice(option.choices) if option.choices else None
-    metavar = option.metavar or (None if option.choices else METAVARS.get(getattr(option.convert, "__name__", ""), "TEXT"))
-    return GroupedOption([option.cli, option.name], type=kind, multiple=option.kind == table.LIST and not option.joined,
-                         metavar=metavar, **common)
+    metavar = option.metavar or (
+        None if option.choices else METAVARS.get(getattr(option.convert, "__name__", ""), "TEXT")
+    )
+    return GroupedOption(
+        [option.cli, option.name],
+        type=kind,
+        multiple=option.kind == table.LIST and not option.joined,
+        metavar=metavar,
+        **common,
+    )
 
 
 # how --help shows a value, by the option's converter
-METAVARS = {"integer": "INTEGER", "number": "FLOAT", "integers": "N,N,...", "numbers": "X,X,...",
-            "base_value": "FLOAT[,FLOAT...]", "dtype_names": "DTYPE", "mode_names": "MODE", "device_name": "DEVICE",
-            "position_range": "N", "scaling_value": "SCALING", "sizes_value": "SIZES"}
+METAVARS = {
+    "integer": "INTEGER",
+    "number": "FLOAT",
+    "integers": "N,N,...",
+    "numbers": "X,X,...",
+    "base_value": "FLOAT[,FLOAT...]",
+    "dtype_names": "DTYPE",
+    "mode_names": "MODE",
+    "device_name": "DEVICE",
+    "position_range": "N",
+    "scaling_value": "SCALING",
+    "sizes_value": "SIZES",
+}
 
 
 def table_command(group: click.Group, command: str, help_text: str):
     """A ``ropecheck COMMAND`` whose options are the table's for ``command``; the function
     decorated gets the parsed ``Options``."""
+
     def decorate(fn):
         def callback(**raw):
             records = Records(raw.get("json"), raw.get("junit"), raw.get("target") or DEFAULT_TARGET)
@@ -147,9 +180,16 @@ def table_command(group: click.Group, command: str, help_text: str):
                     records.unusable(f"usage error: {exc}")
                 raise click.UsageError(str(exc)) from None
             return fn(options)
+
         params = [_param(o, command) for o in table.for_command(command)]
-        return group.command(name=command, cls=TableCommand, params=params, help=help_text,
-                             context_settings={"help_option_names": ["-h", "--help"]})(callback)
+        return group.command(
+            name=command,
+            cls=TableCommand,
+            params=params,
+            help=help_text,
+            context_settings={"help_option_names": ["-h", "--help"]},
+        )(callback)
+
     return decorate
 
 
@@ -171,21 +211,27 @@ def entry():
 
 
 def finish(code: int):
-    from ropecheck.calling.worker import close_all
     import threading
+
+    from ropecheck.calling.worker import close_all
 
     close_all()
     sys.stdout.flush()
     sys.stderr.flush()
-    lingering = [t for t in threading.enumerate() if t is not threading.current_thread()
-                 and not t.daemon and t.is_alive()]
+    lingering = [
+        t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon and t.is_alive()
+    ]
     if lingering:  # a target's thread must not keep ropecheck (and a CI job) waiting
         os._exit(code)
     sys.exit(code)
 
 
-@table_command(main, "check", "Check TARGET (path/to/file.py:func, package.module:attr or a built-in name; "
-                              "default: the built-in rotate-half) against the RoPE properties.")
+@table_command(
+    main,
+    "check",
+    "Check TARGET (path/to/file.py:func, package.module:attr or a built-in name; "
+    "default: the built-in rotate-half) against the RoPE properties.",
+)
 def check(options):
     console = Console(stderr=False, highlight=False)
     records = Records(options.json, options.junit, name_of(options))
@@ -202,14 +248,23 @@ def check(options):
     from ropecheck.properties.sizes import sizes_lines
 
     target, run = session.target, session.run_options
-    console.print(f"Profile {run.profile}" + (f", seed {run.seed}" if run.seed is not None else ", derandomized")
-                  + ("" if target.max_position is None else f", positions 0 .. {target.max_position}")
-                  + ("" if target.device == "cpu" else f", inputs on {target.device}"))
+    console.print(
+        f"Profile {run.profile}"
+        + (f", seed {run.seed}" if run.seed is not None else ", derandomized")
+        + ("" if target.max_position is None else f", positions 0 .. {target.max_position}")
+        + ("" if target.device == "cpu" else f", inputs on {target.device}")
+    )
     for line in sizes_lines(run.sizes, target, session.dtypes):
         console.print(line)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             checks = len(session.rows) + (len(session.modes) - 1) * len(session.properties)  # the range probe once
             task = progress.add_task("checking", total=len(session.dtypes) * checks)
 
@@ -243,8 +298,12 @@ def check(options):
     sys.exit(EXIT_STATUS[session.verdict])
 
 
-@table_command(main, "report", "Run the suite over every available target and write a conformance report "
-                               "(markdown, JSON with an execution envelope, error-against-position plots).")
+@table_command(
+    main,
+    "report",
+    "Run the suite over every available target and write a conformance report "
+    "(markdown, JSON with an execution envelope, error-against-position plots).",
+)
 def report(options):
     import shlex
     from pathlib import Path
@@ -264,22 +323,36 @@ def report(options):
     reports = []
     for name in (n for n in chosen if n not in unavailable):
         console.print(f"checking {name} ...")
-        reports.append(conformance.run_target(catalog[name], options.dtypes, options.profile, options.seed,
-                                              options.timeout))
-    words = ["ropecheck", "report", "--out", options.out] + [w for n in names for w in ("--target", n)] \
-        + [w for d in options.dtypes or () for w in ("--dtype", d)] \
-        + (["--profile", options.profile] if options.profile != "ci" else []) \
+        reports.append(
+            conformance.run_target(catalog[name], options.dtypes, options.profile, options.seed, options.timeout)
+        )
+    words = (
+        ["ropecheck", "report", "--out", options.out]
+        + [w for n in names for w in ("--target", n)]
+        + [w for d in options.dtypes or () for w in ("--dtype", d)]
+        + (["--profile", options.profile] if options.profile != "ci" else [])
         + (["--seed", str(options.seed)] if options.seed is not None else [])
-    data = conformance.write(Path(options.out), reports, unavailable,
-                             conformance.envelope(options.profile, options.seed), shlex.join(words))
-    failed = [n for n, t in data["targets"].items()
-              if any(s.get("verdict") in ("failed", "error") for s in t["dtypes"].values())]
-    console.print(f"wrote {options.out}/report.md, report.json and plots: {len(reports)} targets, "
-                  f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else ""))
+    )
+    data = conformance.write(
+        Path(options.out), reports, unavailable, conformance.envelope(options.profile, options.seed), shlex.join(words)
+    )
+    failed = [
+        n
+        for n, t in data["targets"].items()
+        if any(s.get("verdict") in ("failed", "error") for s in t["dtypes"].values())
+    ]
+    console.print(
+        f"wrote {options.out}/report.md, report.json and plots: {len(reports)} targets, "
+        f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else "")
+    )
 
 
-@table_command(main, "list", "List every target: built-ins and third-party adapters, available or not (and why), "
-                             "with the convention each declares and its capabilities.")
+@table_command(
+    main,
+    "list",
+    "List every target: built-ins and third-party adapters, available or not (and why), "
+    "with the convention each declares and its capabilities.",
+)
 def list_targets(options):
     from rich.table import Table
 
@@ -288,15 +361,23 @@ def list_targets(options):
     # a pipe or CI log gets a readable width instead of rich's 80 columns
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     rows = [e for e in entries() if e.available or not options.available]
-    table_ = Table(title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
-                   title_justify="left", show_lines=False)
+    table_ = Table(
+        title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
+        title_justify="left",
+        show_lines=False,
+    )
     table_.add_column("name", no_wrap=True)
     for column in ("library", "convention", "capabilities"):
         table_.add_column(column, overflow="fold")
     table_.add_column("here", no_wrap=True)
     for e in rows:
-        table_.add_row(e.name + (" (default)" if e.default else ""), e.library, escape(e.convention),
-                       e.capabilities, "[green]yes[/]" if e.available else "[red]no[/]")
+        table_.add_row(
+            e.name + (" (default)" if e.default else ""),
+            e.library,
+            escape(e.convention),
+            e.capabilities,
+            "[green]yes[/]" if e.available else "[red]no[/]",
+        )
     console.print(table_)
     for e in rows:
         if not e.available:
@@ -306,13 +387,19 @@ def list_targets(options):
             console.print(f"  {e.name}: {e.notes}", markup=False)
 
 
-@table_command(main, "identify", "Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by "
-                                 "probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, "
-                                 "identified; 1: not a rotary embedding (the reasons are printed); 2: the target "
-                                 "is unusable.")
+@table_command(
+    main,
+    "identify",
+    "Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by "
+    "probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, "
+    "identified; 1: not a rotary embedding (the reasons are printed); 2: the target "
+    "is unusable.",
+)
 def identify(options):
-    from ropecheck.identification.engine import UnusableTarget as Unusable, identify_spec
-    from ropecheck.identification.output import print_identification, write_json as write_identification
+    from ropecheck.identification.engine import UnusableTarget as Unusable
+    from ropecheck.identification.engine import identify_spec
+    from ropecheck.identification.output import print_identification
+    from ropecheck.identification.output import write_json as write_identification
 
     console = Console(highlight=False)
     try:

@@ -28,19 +28,29 @@ PYTEST_OPTIONS = [o for o in table.for_command("check") if o.pytest]
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("ropecheck", "RoPE property checks (ropecheck); each flag is also an ini "
-                            "option (rope_target = ...), the flag overriding it")
+    group = parser.getgroup(
+        "ropecheck",
+        "RoPE property checks (ropecheck); each flag is also an ini option (rope_target = ...), the flag overriding it",
+    )
     for option in PYTEST_OPTIONS:
         if option.kind == table.SWITCH:
-            group.addoption(option.pytest_flag, action="store_true", default=None, dest=option.ini,
-                            help=option.help)
+            group.addoption(option.pytest_flag, action="store_true", default=None, dest=option.ini, help=option.help)
         elif option.kind == table.LIST and not option.joined:
             group.addoption(option.pytest_flag, action="append", default=None, dest=option.ini, help=option.help)
         else:
-            group.addoption(option.pytest_flag, default=None, dest=option.ini, help=option.help,
-                            **({"choices": option.choices} if option.choices else {}))
-        parser.addini(option.ini, option.help, type="bool" if option.kind == table.SWITCH else "string",
-                      default=False if option.kind == table.SWITCH else "")
+            group.addoption(
+                option.pytest_flag,
+                default=None,
+                dest=option.ini,
+                help=option.help,
+                **({"choices": option.choices} if option.choices else {}),
+            )
+        parser.addini(
+            option.ini,
+            option.help,
+            type="bool" if option.kind == table.SWITCH else "string",
+            default=False if option.kind == table.SWITCH else "",
+        )
 
 
 def _raw(config) -> tuple[dict, dict]:
@@ -80,8 +90,9 @@ def session_of(config) -> Session:
     own, with the controller's seed); pytest.exit (usage error) when it cannot be."""
     if getattr(config, "_ropecheck_session", None) is None:
         try:
-            config._ropecheck_session = prepare(options_of(config), seed=config._ropecheck_seed,
-                                                pytest_args=list(config.invocation_params.args))
+            config._ropecheck_session = prepare(
+                options_of(config), seed=config._ropecheck_seed, pytest_args=list(config.invocation_params.args)
+            )
         except (UnusableTarget, UsageError) as exc:
             pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         config.add_cleanup(config._ropecheck_session.close)
@@ -154,8 +165,9 @@ def _add_suite(config) -> bool:
 
 def pytest_collect_file(file_path, parent):
     """The suite's module even where the project's python_files would not match its name."""
-    if file_path == suite_path() and not any(fnmatch(file_path.name, pattern)
-                                             for pattern in parent.config.getini("python_files")):
+    if file_path == suite_path() and not any(
+        fnmatch(file_path.name, pattern) for pattern in parent.config.getini("python_files")
+    ):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
@@ -167,8 +179,7 @@ def pytest_configure(config):
     derandomized), so every run can be replayed (xdist's workers get the controller's)."""
     old = _old_spelling(config)
     if old is not None:
-        raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': "
-                                f"pytest --pyargs ropecheck.{old} ...")
+        raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': pytest --pyargs ropecheck.{old} ...")
     try:
         raw, sources = _raw(config)
         options = config._ropecheck_options = parse("check", raw, door="pytest", sources=sources)
@@ -192,8 +203,10 @@ def pytest_configure_node(node):
 def pytest_report_header(config):
     options = options_of(config)
     if options.target is not None or options.seed is not None:
-        return [f"ropecheck: target {short_name(str(options.target))}, profile {options.profile}, "
-                f"seed {config._ropecheck_seed}"]
+        return [
+            f"ropecheck: target {short_name(str(options.target))}, profile {options.profile}, "
+            f"seed {config._ropecheck_seed}"
+        ]
     return []
 
 
@@ -214,14 +227,24 @@ def pytest_terminal_summary(terminalreporter):
     """Root causes: failures that share one, printed once with the checks it took down."""
     results = []
     for item in _CAUSES:
-        r = Result(item["property"], item["dtype"], "failed", "", message=item["message"],
-                   counterexample=item["counterexample"], reproduce=item["reproduce"], mode=item["mode"])
+        r = Result(
+            item["property"],
+            item["dtype"],
+            "failed",
+            "",
+            message=item["message"],
+            counterexample=item["counterexample"],
+            reproduce=item["reproduce"],
+            mode=item["mode"],
+        )
         r.signature = item["signature"]
         results.append(r)
     for cause in group_causes(results):
-        terminalreporter.write_line(f"ROOT CAUSE {cause['id']} took down {len(cause['properties'])} checks "
-                                    f"({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}: "
-                                    f"{cause['message']}")
+        terminalreporter.write_line(
+            f"ROOT CAUSE {cause['id']} took down {len(cause['properties'])} checks "
+            f"({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}: "
+            f"{cause['message']}"
+        )
         terminalreporter.write_line(f"  minimal counterexample: {cause['counterexample']}")
         terminalreporter.write_line(f"  reproduce: {cause['reproduce']}")
 
@@ -244,16 +267,31 @@ def run_check(request, check: tuple) -> None:
     for note in result.notes:
         print(f"support note ({dtype}): {note}")
     if result.status == "failed" and result.signature:
-        request.node.user_properties.append((RESULT_KEY, {
-            "property": result.property, "dtype": result.dtype, "mode": result.mode, "signature": result.signature,
-            "message": result.message, "counterexample": result.counterexample, "reproduce": result.reproduce}))
+        request.node.user_properties.append(
+            (
+                RESULT_KEY,
+                {
+                    "property": result.property,
+                    "dtype": result.dtype,
+                    "mode": result.mode,
+                    "signature": result.signature,
+                    "message": result.message,
+                    "counterexample": result.counterexample,
+                    "reproduce": result.reproduce,
+                },
+            )
+        )
     if result.status == "skipped":
         pytest.skip(result.message)
     where = column_label(result.dtype, result.mode)
     if result.status == "known":
         pytest.xfail(f"known failure: {result.message}")
     if result.status != "passed":
-        lines = [f"{result.property} ({where}): {result.formula}", result.message,
-                 f"likely cause: {result.diagnosis}" if result.diagnosis else "",
-                 f"minimal counterexample: {result.counterexample}", f"reproduce: {result.reproduce}"]
+        lines = [
+            f"{result.property} ({where}): {result.formula}",
+            result.message,
+            f"likely cause: {result.diagnosis}" if result.diagnosis else "",
+            f"minimal counterexample: {result.counterexample}",
+            f"reproduce: {result.reproduce}",
+        ]
         pytest.fail("\n".join(line for line in lines if line), pytrace=False)

@@ -19,8 +19,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ropecheck.properties.dtypes import DTYPES
 from ropecheck.properties.convention import Convention
+from ropecheck.properties.dtypes import DTYPES
 from ropecheck.targets.target import Target
 
 
@@ -62,11 +62,23 @@ class Adapter:
         return self.unavailable() if self.unavailable else None
 
     def target(self) -> Target:
-        return Target(name=self.name, fn=self.build(), convention=self.convention, family=self.family,
-                      dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
-                      rotary_dim=self.rotary_dim, description=self.description,
-                      max_position=self.max_position, call=self.call, implies=dict(self.implies),
-                      k_optional=self.k_optional, row_offsets=self.row_offsets, devices=self.devices)
+        return Target(
+            name=self.name,
+            fn=self.build(),
+            convention=self.convention,
+            family=self.family,
+            dtypes=self.dtypes,
+            backward=self.backward,
+            inplace=self.inplace,
+            rotary_dim=self.rotary_dim,
+            description=self.description,
+            max_position=self.max_position,
+            call=self.call,
+            implies=dict(self.implies),
+            k_optional=self.k_optional,
+            row_offsets=self.row_offsets,
+            devices=self.devices,
+        )
 
 
 def _importable(name: str) -> bool:
@@ -108,6 +120,7 @@ def per_head_dim(make: Callable):
         if head_dim not in cache:
             cache[head_dim] = make(head_dim)
         return cache[head_dim]
+
     return get
 
 

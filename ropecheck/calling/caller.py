@@ -55,6 +55,7 @@ class PlainCaller:
 
 # --- the contract ------------------------------------------------------------------------
 
+
 def validate(y, x: torch.Tensor) -> None:
     """y has x's shape, dtype and device and is finite (x is finite)."""
     problem = mismatch(y, x)
@@ -62,8 +63,9 @@ def validate(y, x: torch.Tensor) -> None:
         raise CallError(*problem)
     if not bool(torch.isfinite(y).all()):
         bad = torch.nonzero(~torch.isfinite(y))[0].tolist()
-        raise CallError("non-finite", f"non-finite output {y[tuple(bad)].item()} at index "
-                                      f"{tuple(bad)} for finite input")
+        raise CallError(
+            "non-finite", f"non-finite output {y[tuple(bad)].item()} at index {tuple(bad)} for finite input"
+        )
 
 
 def raise_violations(outcome: Outcome) -> None:
@@ -76,8 +78,15 @@ class Caller:
     (``ropecheck.call_forms``). Every check goes through it. ``case`` is the input being
     checked: its q/k split and sequence lengths shape the calls made on its tensors."""
 
-    def __init__(self, executor: Executor, call: str = "x", timeout: Optional[float] = DEFAULT_TIMEOUT,
-                 inplace: bool = False, device: str = "cpu", mode: str = "eager"):
+    def __init__(
+        self,
+        executor: Executor,
+        call: str = "x",
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
+        inplace: bool = False,
+        device: str = "cpu",
+        mode: str = "eager",
+    ):
         self.executor = executor
         self.call = call  # its call form
         self.timeout = timeout
@@ -105,8 +114,9 @@ class Caller:
         return self.executor.state_changes
 
     def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
-        request = Request(op, args, positions, grads, self.inplace, self.form(args[0], case), self.device,
-                          self.mode, self.timeout)
+        request = Request(
+            op, args, positions, grads, self.inplace, self.form(args[0], case), self.device, self.mode, self.timeout
+        )
         outcome = self.executor.run(request)
         if outcome.error is not None:
             raise CallError(*outcome.error)

@@ -63,8 +63,7 @@ def choose(requested: Optional[str], declared) -> str:
         return "cpu" if "cpu" in declared else parse(declared[0])
     device = parse(requested)
     if torch.device(device).type not in declared:
-        raise ValueError(f"the target runs on {', '.join(declared)} only (its declared devices), "
-                         f"not on {device}")
+        raise ValueError(f"the target runs on {', '.join(declared)} only (its declared devices), not on {device}")
     return device
 
 

@@ -79,8 +79,9 @@ def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:
     input, or a wrong kernel; it has not changed for that)."""
     if torch.equal(now, then):
         return True
-    return ((now.is_floating_point() or now.is_complex())
-            and bool(torch.isclose(now, then, rtol=0, atol=0, equal_nan=True).all()))
+    return (now.is_floating_point() or now.is_complex()) and bool(
+        torch.isclose(now, then, rtol=0, atol=0, equal_nan=True).all()
+    )
 
 
 def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
@@ -92,6 +93,7 @@ def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
 
 # --- process-wide state ---------------------------------------------------------------
 
+
 def _default_device() -> str:
     getter = getattr(torch, "get_default_device", None)
     return str(getter()) if getter else "cpu"
@@ -101,10 +103,16 @@ _STATE = {
     # name: (read, restore, how a target changes it)
     "default dtype": (torch.get_default_dtype, torch.set_default_dtype, "torch.set_default_dtype"),
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled, "torch.set_grad_enabled"),
-    "default device": (_default_device, lambda d: torch.set_default_device(None if d == "cpu" else d),
-                       "torch.set_default_device"),
-    "random generator state": (torch.random.get_rng_state, torch.random.set_rng_state,
-                               "drawing random numbers or seeding torch's generator"),
+    "default device": (
+        _default_device,
+        lambda d: torch.set_default_device(None if d == "cpu" else d),
+        "torch.set_default_device",
+    ),
+    "random generator state": (
+        torch.random.get_rng_state,
+        torch.random.set_rng_state,
+        "drawing random numbers or seeding torch's generator",
+    ),
 }
 
 
@@ -125,11 +133,14 @@ def state_guard(changes: list):
             if not _same(now, before[name]):
                 restore(before[name])
                 shown = "" if isinstance(now, torch.Tensor) else f" from {before[name]} to {now}"
-                changes.append(f"the target changed torch's {name}{shown} ({how}) and left it "
-                               "so; ropecheck restored it after the call")
+                changes.append(
+                    f"the target changed torch's {name}{shown} ({how}) and left it "
+                    "so; ropecheck restored it after the call"
+                )
 
 
 # --- the call -------------------------------------------------------------------------
+
 
 class _Watch:
     """The tensors returned by the previous call and a snapshot of them."""
@@ -145,8 +156,9 @@ class _Watch:
         return None
 
     def keep(self, outputs):
-        tensors = tuple(t for t in (outputs if isinstance(outputs, tuple) else (outputs,))
-                        if isinstance(t, torch.Tensor))
+        tensors = tuple(
+            t for t in (outputs if isinstance(outputs, tuple) else (outputs,)) if isinstance(t, torch.Tensor)
+        )
         self.returned, self.snapshot = tensors, tuple(t.clone() for t in tensors)
 
 
@@ -206,14 +218,21 @@ class Execution:
         (original,), (copy,) = originals, copies
         if inplace:
             if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
-                outcome.violations.append(("inplace", "declared in-place, but the input does "
-                                                      "not hold the output"))
+                outcome.violations.append(("inplace", "declared in-place, but the input does not hold the output"))
         elif not torch.equal(copy := to_host(copy), original):
-            outcome.violations.append(("mutated", f"the target modified its input x in place "
-                                                  f"({_first_change(original, copy)})"))
+            outcome.violations.append(
+                ("mutated", f"the target modified its input x in place ({_first_change(original, copy)})")
+            )
 
-    def call(self, args: tuple, positions: torch.Tensor, inplace: bool = False,
-             form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
+    def call(
+        self,
+        args: tuple,
+        positions: torch.Tensor,
+        inplace: bool = False,
+        form: Optional[Form] = None,
+        device: str = "cpu",
+        mode: str = "eager",
+    ) -> Outcome:
         """y = fn(*args, positions) on private copies made on ``device``, in the target's
         call form, run in ``mode``."""
         outcome = Outcome()
@@ -231,9 +250,14 @@ class Execution:
                 return outcome
         aliased = self.watch.changed()
         if aliased:
-            outcome.violations.append(("aliased", f"a tensor returned by the previous call changed "
-                                                  f"during this call ({aliased}): it is a view of "
-                                                  "the target's internal buffer"))
+            outcome.violations.append(
+                (
+                    "aliased",
+                    f"a tensor returned by the previous call changed "
+                    f"during this call ({aliased}): it is a view of "
+                    "the target's internal buffer",
+                )
+            )
         outcome.outputs, outcome.returned = _normalise(out)
         # the tensors the target returned (its own, for a call form that assembles y)
         self.watch.keep(outcome.outputs if returned is out else _normalise(returned)[0])
@@ -265,8 +289,16 @@ class Execution:
         outcome.returned = type(out).__name__
         return outcome
 
-    def vjp(self, args: tuple, positions: torch.Tensor, grads: tuple, inplace: bool = False,
-            form: Optional[Form] = None, device: str = "cpu", mode: str = "eager") -> Outcome:
+    def vjp(
+        self,
+        args: tuple,
+        positions: torch.Tensor,
+        grads: tuple,
+        inplace: bool = False,
+        form: Optional[Form] = None,
+        device: str = "cpu",
+        mode: str = "eager",
+    ) -> Outcome:
         """(y, g): y = fn(x, positions) in the target's call form (``args``: (x,)), and
         g = (dy/dx)^T grad through the target's autograd (None where y does not depend on
         x; ``grads``: (grad,)). The incoming gradient is a private copy laid out as the
@@ -293,21 +325,30 @@ class Execution:
             if not isinstance(y, torch.Tensor):
                 return outcome  # outputs None: the caller names what came back
             if not y.requires_grad:
-                why = ("the target switched grad mode off (torch.set_grad_enabled(False)) and "
-                       "left it off, so its output does not require grad" if grad_mode_left_off
-                       else "the output does not require grad: autograd does not flow "
-                            "through the target (declare --no-backward)")
+                why = (
+                    "the target switched grad mode off (torch.set_grad_enabled(False)) and "
+                    "left it off, so its output does not require grad"
+                    if grad_mode_left_off
+                    else "the output does not require grad: autograd does not flow "
+                    "through the target (declare --no-backward)"
+                )
                 outcome.error = ("backward", why)
                 return outcome
             try:
-                (g,) = torch.autograd.grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype
-                                           else private, allow_unused=True)
+                (g,) = torch.autograd.grad(
+                    y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private, allow_unused=True
+                )
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
         if not torch.equal(private := to_host(private), grad):
-            outcome.violations.append(("grad-output", f"backward wrote into grad_output "
-                                                      f"({_first_change(grad, private)}): the "
-                                                      "incoming gradient belongs to the caller"))
+            outcome.violations.append(
+                (
+                    "grad-output",
+                    f"backward wrote into grad_output "
+                    f"({_first_change(grad, private)}): the "
+                    "incoming gradient belongs to the caller",
+                )
+            )
         outcome.outputs = to_host((y_out, None if g is None else g.detach()))
         return outcome

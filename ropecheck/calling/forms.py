@@ -110,8 +110,9 @@ class Form:
         flat = positions.reshape(batch * seq, *positions.shape[2:]).contiguous()
         out = fn(tokens, cu, flat)
         if not isinstance(out, torch.Tensor):
-            raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor "
-                                        "(total, heads, head_dim)")
+            raise ReturnedWrong(
+                "type", f"the target returned {_kind(out)}, expected a torch.Tensor (total, heads, head_dim)"
+            )
         _fits("y", out, tokens)
         return out.reshape(x.shape), out
 
@@ -145,8 +146,10 @@ def _both_differentiable(x: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tens
     if not x.requires_grad or q_out.requires_grad == k_out.requires_grad:
         return
     cut, flows = ("k_out", "q_out") if q_out.requires_grad else ("q_out", "k_out")
-    raise ReturnedWrong("backward", f"{cut} does not require grad while {flows} does: autograd does not "
-                                    f"flow through the target to {cut}")
+    raise ReturnedWrong(
+        "backward",
+        f"{cut} does not require grad while {flows} does: autograd does not flow through the target to {cut}",
+    )
 
 
 def mismatch(y, x: torch.Tensor, name: str = "output") -> Optional[tuple]:

@@ -53,11 +53,16 @@ class _Watchdog:
         while True:
             time.sleep(0.5)
             if self.deadline is not None and time.monotonic() > self.deadline:
-                how = ("it caught the interrupt and went on" if self.fired else
-                       "it is stuck in native code, where the interrupt cannot reach it")
-                reason = (f"the target did not return within {self.limit:g} s and could not be "
-                          f"stopped in this process ({how}); run without --in-process to "
-                          "isolate it in a worker process")
+                how = (
+                    "it caught the interrupt and went on"
+                    if self.fired
+                    else "it is stuck in native code, where the interrupt cannot reach it"
+                )
+                reason = (
+                    f"the target did not return within {self.limit:g} s and could not be "
+                    f"stopped in this process ({how}); run without --in-process to "
+                    "isolate it in a worker process"
+                )
                 for hook in _abort_hooks:
                     try:
                         hook(reason)
@@ -108,5 +113,3 @@ class InProcess:
 
     def close(self) -> None:
         pass
-
-

@@ -13,8 +13,8 @@ import torch
 
 from ropecheck.calling.execution import Outcome, Request
 
-
 # ropecheck -> worker
+
 
 @dataclass(frozen=True)
 class Load:
@@ -39,6 +39,7 @@ class Exit:
 
 
 # worker -> ropecheck
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -69,6 +70,7 @@ class Crashed:
 
 
 # --- tensors by value, views kept --------------------------------------------------------
+
 
 def _rebuild(dtype, shape, stride, offset, data):
     flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)

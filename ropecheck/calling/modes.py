@@ -97,8 +97,10 @@ class CudaGraphed:
 
     @staticmethod
     def _signature(args) -> tuple:
-        return tuple((tuple(a.shape), a.stride(), a.dtype, a.storage_offset()) if isinstance(a, torch.Tensor)
-                     else repr(a) for a in args)
+        return tuple(
+            (tuple(a.shape), a.stride(), a.dtype, a.storage_offset()) if isinstance(a, torch.Tensor) else repr(a)
+            for a in args
+        )
 
     def _capture(self, args):
         buffers = []

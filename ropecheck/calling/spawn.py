@@ -32,10 +32,11 @@ def start(preload: tuple = ()) -> Started:
     ours, theirs = socket.socketpair()
     handle, crash_log = tempfile.mkstemp(prefix="ropecheck-worker-", suffix=".log")
     os.close(handle)
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from ropecheck.calling.worker import serve; "
-            f"serve({theirs.fileno()}, {crash_log!r}, {tuple(preload)!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                            stdin=subprocess.DEVNULL)
+    code = (
+        f"import sys; sys.path.insert(0, {ROOT!r}); from ropecheck.calling.worker import serve; "
+        f"serve({theirs.fileno()}, {crash_log!r}, {tuple(preload)!r})"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     return Started(proc, Connection(ours.detach()), crash_log)
 
@@ -49,8 +50,7 @@ def prestart(argv: list, preload: tuple = ()) -> None:
     loaders) while ropecheck starts up."""
     global _spare
     words = [word for word in argv if not word.startswith("-")]
-    if (words and words[0] in COMMANDS_WITH_A_WORKER and "--in-process" not in argv
-            and not {"-h", "--help"} & set(argv)):
+    if words and words[0] in COMMANDS_WITH_A_WORKER and "--in-process" not in argv and not {"-h", "--help"} & set(argv):
         try:
             _spare = start(preload)
         except OSError:  # no process to spare now: the run starts its worker when it needs it

@@ -39,16 +39,20 @@ from typing import Optional
 import torch
 
 from ropecheck.calling import spawn
-from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
-_CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|device-side assert|cudaError|"
-                         r"unspecified launch failure", re.IGNORECASE)
+_CUDA_FAULT = re.compile(
+    r"CUDA error|illegal memory access|device-side assert|cudaError|"
+    r"unspecified launch failure",
+    re.IGNORECASE,
+)
 
 
 # --- waiting for the other side ----------------------------------------------------------
+
 
 def _cores() -> int:
     try:
@@ -75,10 +79,12 @@ def spin_until_ready(conn: Connection, timeout: Optional[float]) -> bool:
 
 # --- the worker's side ---------------------------------------------------------------------
 
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this process when ropecheck dies (even by os._exit)."""
     try:
         import ctypes
+
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:  # not Linux: the parent closes the pipe, the worker sees EOF
         pass
@@ -109,8 +115,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
             try:
                 data = dumps(message)
             except Exception as exc:  # an output that cannot be sent back
-                data = dumps(Failed(f"the target's result cannot be sent back to ropecheck: "
-                                    f"{describe_exception(exc)}"))
+                data = dumps(Failed(f"the target's result cannot be sent back to ropecheck: {describe_exception(exc)}"))
             conn.send_bytes(data)
         except OSError:  # ropecheck is gone, or no longer wants this worker
             os._exit(0)
@@ -122,16 +127,23 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
             state["execution"] = Execution(fn)
             reply(Loaded(info))
         except BaseException as exc:  # the loader's message, or whatever the import raised
-            reply(Failed(str(exc) if type(exc).__name__ == "TargetLoadError" else
-                         f"loading the target failed: {describe_exception(exc)}"))
+            reply(
+                Failed(
+                    str(exc)
+                    if type(exc).__name__ == "TargetLoadError"
+                    else f"loading the target failed: {describe_exception(exc)}"
+                )
+            )
         return True
 
     def on_call(message: Call) -> bool:
         outcome = state["execution"].run(message.request)
         poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
         if poisoned:
-            outcome.error = ("crashed", f"{outcome.error[1]}: a CUDA error that poisons the "
-                                        "process's CUDA context (the worker was restarted)")
+            outcome.error = (
+                "crashed",
+                f"{outcome.error[1]}: a CUDA error that poisons the process's CUDA context (the worker was restarted)",
+            )
         reply(Done(outcome))
         return not poisoned
 
@@ -152,6 +164,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
 
 # --- ropecheck's side ----------------------------------------------------------------------
 
+
 def _death(returncode: Optional[int]) -> str:
     if returncode is not None and returncode < 0:
         try:
@@ -168,9 +181,11 @@ def _crash_site(log_path: str) -> str:
         text = Path(log_path).read_text(errors="replace")
     except OSError:
         return ""
-    frames = [f"{file}:{line} in {func}" for file, line, func
-              in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
-              if not file.startswith(str(Path(__file__).parent))]
+    frames = [
+        f"{file}:{line} in {func}"
+        for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
+        if not file.startswith(str(Path(__file__).parent))
+    ]
     if not frames:
         return ""
     return f" at {frames[0]}" + (f", called from {frames[1]}" if len(frames) > 1 else "")
@@ -200,8 +215,9 @@ class _Process:
             ready = True
         if not ready:
             self.stop(kill=True)
-            raise TargetHung(timeout, f"the target did not return within {timeout:g} s "
-                                      f"({during}; its worker process was stopped)")
+            raise TargetHung(
+                timeout, f"the target did not return within {timeout:g} s ({during}; its worker process was stopped)"
+            )
         try:
             return pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):

@@ -67,7 +67,6 @@ when the ratios are <= 1 but the parameters are coarser (low precision probe dty
 fewer frequencies) or the frequencies are neither.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -76,21 +75,35 @@ from typing import Optional
 import numpy as np
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT, Caller
-from ropecheck.properties.interface import CallError, TargetHung
-from ropecheck.identification.frequencies import confidence, fit_frequencies, measure_more, orient
-from ropecheck.identification.result import (DEFAULT_MAX_POSITION, SMALL_POSITIONS, Identification, NotRotary,
-                                              UnusableTarget)
-from ropecheck.identification.inference import (Bounds, check_identity_at_zero, check_linear, check_norms, pair_blocks,
-                                         record, structure, unwrap)
-from ropecheck.identification.probe import Probe, choose_probe, linearity_vectors, probe_at, probe_large
 from ropecheck.identification.fitting import Measured
+from ropecheck.identification.frequencies import confidence, fit_frequencies, measure_more, orient
+from ropecheck.identification.inference import (
+    Bounds,
+    check_identity_at_zero,
+    check_linear,
+    check_norms,
+    pair_blocks,
+    record,
+    structure,
+    unwrap,
+)
+from ropecheck.identification.probe import Probe, choose_probe, linearity_vectors, probe_at, probe_large
+from ropecheck.identification.result import (
+    DEFAULT_MAX_POSITION,
+    SMALL_POSITIONS,
+    Identification,
+    NotRotary,
+    UnusableTarget,
+)
+from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.properties.tolerance import ErrorModel
 from ropecheck.session.loading import TargetLoadError, load
 from ropecheck.targets.target import Target
 
 
-def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT,
-             max_position: int = DEFAULT_MAX_POSITION) -> Identification:
+def identify(
+    target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT, max_position: int = DEFAULT_MAX_POSITION
+) -> Identification:
     """Probe ``target`` and infer its convention. Raises UnusableTarget when it cannot be
     called; a map that is not a rotary embedding gives ``rotary=False`` with reasons. No
     probe uses a position above ``max_position`` (nor above the target's declared
@@ -104,14 +117,12 @@ def identify(target: Target, timeout: Optional[float] = DEFAULT_TIMEOUT,
     small_positions = tuple(p for p in SMALL_POSITIONS if p <= limit)
     try:
         ident.dtype, ident.head_dim = choose_probe(caller, target)
-        small = probe_at(caller, ident.dtype, ident.head_dim, small_positions,
-                       linearity_vectors(ident.head_dim))
+        small = probe_at(caller, ident.dtype, ident.head_dim, small_positions, linearity_vectors(ident.head_dim))
     except NotRotary as exc:
         ident.reasons.append(str(exc))
         return ident
     except CallError as exc:
-        ident.reasons.append(f"the call contract is broken at positions up to "
-                             f"{small_positions[-1]}: {exc}")
+        ident.reasons.append(f"the call contract is broken at positions up to {small_positions[-1]}: {exc}")
         return ident
     except TargetHung as exc:
         raise UnusableTarget(str(exc)) from None
@@ -134,8 +145,7 @@ def infer(ident: Identification, small: Probe, caller: Caller, limit: int):
     check_linear(ident, small, bounds)
     check_norms(ident, small.matrices, small.positions, bounds, span(small))
     check_identity_at_zero(ident, small.matrices[0], bounds)
-    large = probe_large(caller, ident.dtype, ident.head_dim, ident.notes, limit,
-                         int(small.positions.max()))
+    large = probe_large(caller, ident.dtype, ident.head_dim, ident.notes, limit, int(small.positions.max()))
     if large is not None:
         check_norms(ident, large.matrices, large.positions, bounds, span(large))
     pairs, single = structure(ident, small, large, bounds)
@@ -146,21 +156,36 @@ def infer(ident: Identification, small: Probe, caller: Caller, limit: int):
         c, s, residual = pair_blocks(probe.matrices, pairs)
         k = int(residual.max(axis=0).argmax())
         where = span(probe)
-        record(ident, f"2x2 rotation{where}", residual.max(), bounds.entry,
-                f"blocks are a R(phi) to {residual.max():.3g}",
-                f"not a rotation: the block of features {pairs[k]} is not a scaled 2x2 rotation "
-                f"(off by {residual.max():.3g}; a reflection or a shear?)")
+        record(
+            ident,
+            f"2x2 rotation{where}",
+            residual.max(),
+            bounds.entry,
+            f"blocks are a R(phi) to {residual.max():.3g}",
+            f"not a rotation: the block of features {pairs[k]} is not a scaled 2x2 rotation "
+            f"(off by {residual.max():.3g}; a reflection or a shear?)",
+        )
         amp = np.hypot(c, s)
-        record(ident, f"amplitude{where}", np.abs(amp - amp.mean()).max(), 2 * bounds.norm,
-                f"pair amplitudes {amp.min():.6g} .. {amp.max():.6g}",
-                f"not a RoPE: the pairs are scaled differently ({amp.min():.6g} .. {amp.max():.6g})")
+        record(
+            ident,
+            f"amplitude{where}",
+            np.abs(amp - amp.mean()).max(),
+            2 * bounds.norm,
+            f"pair amplitudes {amp.min():.6g} .. {amp.max():.6g}",
+            f"not a RoPE: the pairs are scaled differently ({amp.min():.6g} .. {amp.max():.6g})",
+        )
         theta, error, ratios, _, used = unwrap(probe.positions, c, s, bounds)
         p, k = np.unravel_index(ratios.argmax(), ratios.shape)
-        record(ident, f"angles linear in m{where}", ratios.max(), 1.0,
-                f"phi(m) = m theta to {ratios.max():.2g} of the angle bound",
-                f"not a RoPE: the angle of features {pairs[k]} is not proportional to the position "
-                f"at m = {probe.positions[p]} ({ratios.max():.3g} times the float32 angle bound; "
-                f"a cos/sin cache that wraps or clamps?)")
+        record(
+            ident,
+            f"angles linear in m{where}",
+            ratios.max(),
+            1.0,
+            f"phi(m) = m theta to {ratios.max():.2g} of the angle bound",
+            f"not a RoPE: the angle of features {pairs[k]} is not proportional to the position "
+            f"at m = {probe.positions[p]} ({ratios.max():.3g} times the float32 angle bound; "
+            f"a cos/sin cache that wraps or clamps?)",
+        )
         measured.append((theta, error, int(probe.positions.max()), used))
         ident.amplitude = float(amp.mean())
 
@@ -170,12 +195,13 @@ def infer(ident: Identification, small: Probe, caller: Caller, limit: int):
     amplitude_error = float(ErrorModel(ident.dtype, extra_ops=1).norm_bound(bounds.a))
     if ident.scaled_amplitude:
         implied = math.exp((ident.amplitude - 1.0) / 0.1)
-        ident.notes.append(f"amplitude: rotated pairs are scaled by {ident.amplitude:.6g} (a YaRN "
-                           f"attention factor 0.1 ln(s) + 1 would mean s = {implied:.4g})")
+        ident.notes.append(
+            f"amplitude: rotated pairs are scaled by {ident.amplitude:.6g} (a YaRN "
+            f"attention factor 0.1 ln(s) + 1 would mean s = {implied:.4g})"
+        )
     passed = np.array([small.matrices[0, j, j] for j in single])
     if len(single) and np.abs(passed - 1.0).max() > bounds.entry:
-        ident.notes.append(f"pass-through scaled: pass-through features are multiplied by "
-                           f"{passed.mean():.6g}")
+        ident.notes.append(f"pass-through scaled: pass-through features are multiplied by {passed.mean():.6g}")
 
     theta, error, top, used = measured[0]
     if len(measured) == 2:
@@ -190,14 +216,28 @@ def infer(ident: Identification, small: Probe, caller: Caller, limit: int):
     keys = orient(ident, pairs, theta, error, single, measured)
     by_pair = dict(zip(pairs, used))
     positions = (large if large is not None and not ident.dynamic else small).positions
-    fit_frequencies(ident, keys, measured, Measured(
-        np.array(ident.theta), np.array(ident.theta_error), np.array([by_pair[k] for k in keys]),
-        math.sqrt(2.0) * bounds.entry / bounds.a, ident.amplitude, amplitude_error),
-        lambda: measure_more(ident, caller, tuple(int(p) for p in positions)))
+    fit_frequencies(
+        ident,
+        keys,
+        measured,
+        Measured(
+            np.array(ident.theta),
+            np.array(ident.theta_error),
+            np.array([by_pair[k] for k in keys]),
+            math.sqrt(2.0) * bounds.entry / bounds.a,
+            ident.amplitude,
+            amplitude_error,
+        ),
+        lambda: measure_more(ident, caller, tuple(int(p) for p in positions)),
+    )
 
 
-def identify_spec(spec: str, timeout: Optional[float] = DEFAULT_TIMEOUT,
-                  max_position: int = DEFAULT_MAX_POSITION, in_process: bool = False) -> Identification:
+def identify_spec(
+    spec: str,
+    timeout: Optional[float] = DEFAULT_TIMEOUT,
+    max_position: int = DEFAULT_MAX_POSITION,
+    in_process: bool = False,
+) -> Identification:
     """Load ``spec`` (file.py:func, module:attr or a built-in name) and identify it, its
     calls running in a worker process unless ``in_process``."""
     try:

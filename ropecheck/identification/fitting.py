@@ -11,8 +11,8 @@ from typing import Optional
 
 import numpy as np
 
+from ropecheck.properties.tolerance import U32, ErrorModel
 from ropecheck.reference.scaling import Llama3, Scaling, YaRN, parse
-from ropecheck.properties.tolerance import ErrorModel, U32
 
 FAMILY_OPS = max(Llama3.theta_ops, YaRN.theta_ops)
 MAX_TRIED = 40  # candidates verified per family before giving up (ordered simplest first)
@@ -20,6 +20,7 @@ DEFAULT_BETA_FAST, DEFAULT_BETA_SLOW = 32.0, 1.0
 
 
 # --- numbers -------------------------------------------------------------------------------
+
 
 def number(value) -> str:
     """A number as a ``--scaling`` value: integers plainly, floats as their shortest exact form."""
@@ -91,6 +92,7 @@ def base_candidates(ln_base: float, d_ln_base: float) -> list[float]:
 
 # --- least squares with the error model's bounds ---------------------------------------------
 
+
 def wls(design: np.ndarray, y: np.ndarray, sigma: np.ndarray):
     """Weighted least squares y ~ design @ beta with |y_k - exact_k| <= sigma_k. Returns
     (beta, bound on |beta - exact|, worst residual over its bound, per-point ratios); the
@@ -105,6 +107,7 @@ def wls(design: np.ndarray, y: np.ndarray, sigma: np.ndarray):
 
 
 # --- the measurements ---------------------------------------------------------------------
+
 
 @dataclass
 class Measured:
@@ -183,8 +186,9 @@ def verify(candidate: Candidate, measurements: list[Measured], base: float) -> C
             gain = scaling.theta_gain(measured.rotary_dim, base)
             ratios = np.abs(measured.theta - reference) / measured.allowed(reference, base, scaling.theta_ops, gain)
         candidate.ratio = max(candidate.ratio, float(np.nan_to_num(ratios, nan=math.inf).max()))
-        candidate.amplitude_ratio = max(candidate.amplitude_ratio, abs(
-            measured.amplitude - scaling.attention_factor()) / measured.amplitude_error)
+        candidate.amplitude_ratio = max(
+            candidate.amplitude_ratio, abs(measured.amplitude - scaling.attention_factor()) / measured.amplitude_error
+        )
         if k == 0:
             candidate.theta = [float(t) for t in reference]
     return candidate
@@ -204,9 +208,10 @@ def first_verified(candidates, measurements, base) -> tuple[Optional[Candidate],
 
 # --- step 1: segments ---------------------------------------------------------------------
 
+
 def _segment_fit(measured: Measured, head: int, tail: int):
     n = measured.n
-    index = np.r_[0:head, n - tail:n]
+    index = np.r_[0:head, n - tail : n]
     x, y, sigma = measured.x[index], np.log(measured.theta[index]), measured.sigma()[index]
     columns = [-x] + ([-(np.arange(len(index)) >= head).astype(np.float64)] if tail else [])
     beta, d_beta, ratio, _ = wls(np.stack(columns, axis=1), y, sigma)
@@ -227,8 +232,15 @@ def fit_segments(measured: Measured) -> Optional[Segments]:
         beta, d_beta, ratio = _segment_fit(measured, head, tail)
         if ratio > 1.0 or beta[0] <= 0:
             return None
-        return Segments(head, tail, float(beta[0]), float(d_beta[0]),
-                        float(beta[1]) if tail else 0.0, float(d_beta[1]) if tail else 0.0, ratio)
+        return Segments(
+            head,
+            tail,
+            float(beta[0]),
+            float(d_beta[0]),
+            float(beta[1]) if tail else 0.0,
+            float(d_beta[1]) if tail else 0.0,
+            ratio,
+        )
 
     heads = [h for h in range(n, 0, -1) if h <= 2 or _segment_fit(measured, h, 0)[2] <= 1.0]
     best = None

@@ -8,21 +8,21 @@ import math
 
 import numpy as np
 
-from ropecheck.properties.interface import CallError, TargetHung
-from ropecheck.identification.result import EXTRA_HEAD_DIMS, PINNED, Evidence, Identification
+from ropecheck.identification.fitting import Measured, Segments, base_candidates, fit_segments, number
 from ropecheck.identification.inference import Bounds, fit_base, match_layout, pair_blocks, round_within, unwrap
 from ropecheck.identification.probe import probe_at
-from ropecheck.identification.fitting import Measured, Segments, base_candidates, fit_segments, number
+from ropecheck.identification.result import EXTRA_HEAD_DIMS, PINNED, Evidence, Identification
 from ropecheck.identification.scaling import best_segments, linear_candidate, match
+from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.properties.tolerance import ErrorModel
+
 
 def match_named_scalings(measured: Measured, segments: Segments, measurements: list[Measured]):
     """The published scalings (Llama 3, YaRN) whose float64 frequencies and attention factor
     match every measurement (one per rotary dim probed), as verified candidates fitted on
     ``measured`` (``ropecheck.identify_scaling``), and notes in words on the families that
     were fitted but did not verify."""
-    return match(measured, segments, measurements,
-                 base_candidates(segments.ln_base, segments.d_ln_base))
+    return match(measured, segments, measurements, base_candidates(segments.ln_base, segments.d_ln_base))
 
 
 def measure_more(ident, caller, positions) -> list[Measured]:
@@ -47,8 +47,11 @@ def measure_more(ident, caller, positions) -> list[Measured]:
             refused.append(f"{head_dim} ({exc})")
             break
         half = head_dim // 2
-        pairs = ([(i, i + half) for i in range(half)] if ident.layout == "half"
-                 else [(2 * i, 2 * i + 1) for i in range(half)])
+        pairs = (
+            [(i, i + half) for i in range(half)]
+            if ident.layout == "half"
+            else [(2 * i, 2 * i + 1) for i in range(half)]
+        )
         bounds = Bounds(ident.dtype, float(np.linalg.norm(probe.matrices, axis=1).max()))
         c, s, residual = pair_blocks(probe.matrices, pairs)
         theta, error, ratios, _, used = unwrap(probe.positions, c, s, bounds)
@@ -57,9 +60,16 @@ def measure_more(ident, caller, positions) -> list[Measured]:
         if residual.max() > bounds.entry or ratios.max() > 1.0 or (theta <= 0).any():
             refused.append(f"{head_dim} (not the same kind of map there: blocks or angles off)")
             continue
-        out.append(Measured(theta, error, used, math.sqrt(2.0) * bounds.entry / bounds.a,
-                            float(np.hypot(c, s).mean()),
-                            float(ErrorModel(ident.dtype, extra_ops=1).norm_bound(bounds.a))))
+        out.append(
+            Measured(
+                theta,
+                error,
+                used,
+                math.sqrt(2.0) * bounds.entry / bounds.a,
+                float(np.hypot(c, s).mean()),
+                float(ErrorModel(ident.dtype, extra_ops=1).norm_bound(bounds.a)),
+            )
+        )
     if refused:
         ident.notes.append(f"head dims: not measured at {'; '.join(refused)}")
     return out
@@ -83,8 +93,10 @@ def orient(ident, pairs, theta, error, single, measured):
         ordered = [p if by_pair[p][0] > 0 else p[::-1] for p in pairs]
         ordered.sort(key=lambda p: -abs(by_pair[tuple(sorted(p))][0]))
         if len(pairs) > 1:
-            ident.notes.append("pairing: no standard layout matches; the exact pairs are listed "
-                               "(first, second), highest frequency first")
+            ident.notes.append(
+                "pairing: no standard layout matches; the exact pairs are listed "
+                "(first, second), highest frequency first"
+            )
     ident.layout, ident.pairs = layout, [tuple(int(i) for i in p) for p in ordered]
     keys = [tuple(sorted(p)) for p in ordered]
     ident.theta = [abs(float(by_pair[k][0])) for k in keys]
@@ -93,8 +105,10 @@ def orient(ident, pairs, theta, error, single, measured):
     ident.pass_through = [int(j) for j in single]
     ident.rotary_dim = r if trailing else None
     if not trailing and single:
-        ident.notes.append(f"rotary dim: the pass-through features {ranges(single)} are not the "
-                           f"trailing block (--rotary-dim R means features R .. d-1 pass through)")
+        ident.notes.append(
+            f"rotary dim: the pass-through features {ranges(single)} are not the "
+            f"trailing block (--rotary-dim R means features R .. d-1 pass through)"
+        )
     return keys
 
 
@@ -107,9 +121,14 @@ def fit_frequencies(ident, keys, measured, freq: Measured, more):
         return
     ln_s, d_ln_s, ln_b, d_ln_b, ratio, _ = fit_base(theta, error, r)
     ident.geometric = ratio <= 1.0
-    ident.evidence.append(Evidence("geometric frequencies", ratio,
-                                   "ln theta_k linear in k" if ident.geometric else
-                                   "frequencies are not base^(-2k/r) / s", judged=ident.geometric))
+    ident.evidence.append(
+        Evidence(
+            "geometric frequencies",
+            ratio,
+            "ln theta_k linear in k" if ident.geometric else "frequencies are not base^(-2k/r) / s",
+            judged=ident.geometric,
+        )
+    )
     if ident.geometric and ln_b > 0:
         ident.base = round_within(math.exp(ln_b), d_ln_b)
         ident.base_error = float(math.expm1(d_ln_b))
@@ -119,9 +138,11 @@ def fit_frequencies(ident, keys, measured, freq: Measured, more):
         if ident.scale != 1.0:
             linear_scaling(ident, freq)
         elif ident.scaled_amplitude:
-            ident.notes.append(f"scaling: no --scaling value scales the rotated pairs by "
-                               f"{ident.amplitude:.6g} with unscaled geometric frequencies (YaRN's and "
-                               f"LongRoPE's attention factors come with per-frequency scaling)")
+            ident.notes.append(
+                f"scaling: no --scaling value scales the rotated pairs by "
+                f"{ident.amplitude:.6g} with unscaled geometric frequencies (YaRN's and "
+                f"LongRoPE's attention factors come with per-frequency scaling)"
+            )
     elif ident.geometric:
         ident.geometric = False
         ident.notes.append("frequencies: they increase with the pair index (reversed order)")
@@ -131,45 +152,55 @@ def fit_frequencies(ident, keys, measured, freq: Measured, more):
         _, _, ln_b2, d2, ratio2, _ = fit_base(np.array(ident.dynamic_theta), error, r)
         ident.dynamic_base = round_within(math.exp(ln_b2), d2) if ratio2 <= 1 else None
         at = measured[-1][2]
-        ident.notes.append(f"dynamic: the frequencies depend on the call's positions (dynamic "
-                           f"NTK): with positions up to {at} "
-                           + (f"the base is {ident.dynamic_base:g}" if ident.dynamic_base else
-                              "they are not geometric")
-                           + f"; the flags describe positions up to {measured[0][2]} (no --scaling "
-                             f"value is suggested for frequencies that change with the call)")
+        ident.notes.append(
+            f"dynamic: the frequencies depend on the call's positions (dynamic "
+            f"NTK): with positions up to {at} "
+            + (f"the base is {ident.dynamic_base:g}" if ident.dynamic_base else "they are not geometric")
+            + f"; the flags describe positions up to {measured[0][2]} (no --scaling "
+            f"value is suggested for frequencies that change with the call)"
+        )
 
 
 def linear_scaling(ident, freq: Measured):
     """Geometric frequencies divided by s: linear:factor=s when it also explains the amplitude."""
-    ident.notes.append(f"position scaling: frequencies divided by {ident.scale:g} "
-                       f"(linear / position interpolation, m -> m / {ident.scale:g})")
+    ident.notes.append(
+        f"position scaling: frequencies divided by {ident.scale:g} "
+        f"(linear / position interpolation, m -> m / {ident.scale:g})"
+    )
     if ident.dynamic:
         return
     candidate = linear_candidate(freq, ident.base, ident.scale)
     if candidate.verified:
         ident.named_scalings.append(candidate.flag)
         ident.scaling_theta = candidate.theta
-        ident.evidence.append(Evidence(f"scaling {candidate.family}",
-                                       max(candidate.ratio, candidate.amplitude_ratio),
-                                       f"{candidate.flag}: float64 inv_freq and attention factor vs "
-                                       f"the measured theta and amplitude"))
+        ident.evidence.append(
+            Evidence(
+                f"scaling {candidate.family}",
+                max(candidate.ratio, candidate.amplitude_ratio),
+                f"{candidate.flag}: float64 inv_freq and attention factor vs the measured theta and amplitude",
+            )
+        )
     elif candidate.ratio <= 1.0:
-        ident.notes.append(f"scaling: the frequencies are {candidate.flag} but the rotated pairs are "
-                           f"scaled by {ident.amplitude:.6g}: no --scaling value has both (the flags "
-                           f"describe the map without either)")
+        ident.notes.append(
+            f"scaling: the frequencies are {candidate.flag} but the rotated pairs are "
+            f"scaled by {ident.amplitude:.6g}: no --scaling value has both (the flags "
+            f"describe the map without either)"
+        )
     else:
-        ident.notes.append(f"scaling: {candidate.flag} misses the measured frequencies by "
-                           f"{candidate.ratio:.3g} times their bound (the factor is not pinned)")
+        ident.notes.append(
+            f"scaling: {candidate.flag} misses the measured frequencies by "
+            f"{candidate.ratio:.3g} times their bound (the factor is not pinned)"
+        )
 
 
 def per_frequency(ident, freq: Measured, more):
     """Not geometric: the base from the geometric head (and tail), then the named scalings
     fitted on the rotary dim with the most pairs and verified at every one measured."""
-    ident.notes.append("frequencies: not geometric: a per-frequency scaling (YaRN / "
-                       "Llama-3 / LongRoPE style); see the table")
+    ident.notes.append(
+        "frequencies: not geometric: a per-frequency scaling (YaRN / Llama-3 / LongRoPE style); see the table"
+    )
     if fit_segments(freq) is None:
-        ident.notes.append("base: the leading pairs are not geometric from theta_0 = 1: the base "
-                           "cannot be told")
+        ident.notes.append("base: the leading pairs are not geometric from theta_0 = 1: the base cannot be told")
         return
     measurements = [freq] + ([] if ident.dynamic else more())
     measured, segments = best_segments(measurements)
@@ -177,50 +208,73 @@ def per_frequency(ident, freq: Measured, more):
     ident.base_error = float(math.expm1(segments.d_ln_base))
     ident.base_pairs = segments.pairs
     n = measured.n
-    tail = (f" and the last {segments.tail} (divided by {math.exp(segments.ln_scale):.6g})"
-            if segments.tail > 1 else "")
-    ident.notes.append(f"base: fitted on {segments.pairs} of {n} pairs at rotary dim "
-                       f"{measured.rotary_dim}: the first {segments.head} (unscaled){tail}, "
-                       f"geometric with one base")
-    ident.evidence.append(Evidence(f"geometric head/tail (r = {measured.rotary_dim})", segments.ratio,
-                                   f"pairs 0..{segments.head - 1}"
-                                   + (f" and {n - segments.tail}..{n - 1}" if segments.tail > 1 else "")
-                                   + " are base^(-2k/r) (/ s)"))
+    tail = f" and the last {segments.tail} (divided by {math.exp(segments.ln_scale):.6g})" if segments.tail > 1 else ""
+    ident.notes.append(
+        f"base: fitted on {segments.pairs} of {n} pairs at rotary dim "
+        f"{measured.rotary_dim}: the first {segments.head} (unscaled){tail}, "
+        f"geometric with one base"
+    )
+    ident.evidence.append(
+        Evidence(
+            f"geometric head/tail (r = {measured.rotary_dim})",
+            segments.ratio,
+            f"pairs 0..{segments.head - 1}"
+            + (f" and {n - segments.tail}..{n - 1}" if segments.tail > 1 else "")
+            + " are base^(-2k/r) (/ s)",
+        )
+    )
     if ident.dynamic:
         return
     dims = ", ".join(str(m.rotary_dim) for m in measurements)
     verified, notes = match_named_scalings(measured, segments, measurements)
     ident.notes += [f"scaling: {note}" for note in notes]
     if verified and verified[0].base != ident.base:
-        ident.notes.append(f"base: {number(verified[0].base)}: the fit alone gives {ident.base:g} "
-                           f"+-{ident.base_error:.1e}; the named scaling verifies with these digits")
+        ident.notes.append(
+            f"base: {number(verified[0].base)}: the fit alone gives {ident.base:g} "
+            f"+-{ident.base_error:.1e}; the named scaling verifies with these digits"
+        )
         ident.base = verified[0].base
     verified = [c for c in verified if c.base == ident.base]
     for candidate in verified:
         ident.named_scalings.append(candidate.flag)
-        ident.evidence.append(Evidence(f"scaling {candidate.family}",
-                                       max(candidate.ratio, candidate.amplitude_ratio),
-                                       f"{candidate.flag}: float64 inv_freq and attention factor vs "
-                                       f"the measured theta and amplitude at rotary dims {dims}"))
-        ident.notes.append(f"scaling: {candidate.family} fitted from the {candidate.how}; verified at "
-                           f"rotary dims {dims}: frequencies within {candidate.ratio:.2g}, amplitude "
-                           f"within {candidate.amplitude_ratio:.2g} of their bounds")
+        ident.evidence.append(
+            Evidence(
+                f"scaling {candidate.family}",
+                max(candidate.ratio, candidate.amplitude_ratio),
+                f"{candidate.flag}: float64 inv_freq and attention factor vs "
+                f"the measured theta and amplitude at rotary dims {dims}",
+            )
+        )
+        ident.notes.append(
+            f"scaling: {candidate.family} fitted from the {candidate.how}; verified at "
+            f"rotary dims {dims}: frequencies within {candidate.ratio:.2g}, amplitude "
+            f"within {candidate.amplitude_ratio:.2g} of their bounds"
+        )
     if verified:
         ident.scaling_theta = verified[0].theta
         if len(verified) > 1:
-            ident.notes.append(f"scaling: {len(verified)} families describe the measured frequencies "
-                               f"equally well (too few pairs in the band to tell them apart)")
+            ident.notes.append(
+                f"scaling: {len(verified)} families describe the measured frequencies "
+                f"equally well (too few pairs in the band to tell them apart)"
+            )
         if verified[0].family == "llama3":
-            ident.notes.append("scaling: Llama 3 depends only on original_max_position_embeddings / "
-                               "low_freq_factor and / high_freq_factor (the band edges' wavelengths): "
-                               "every parameter set with the same ratios is the same map")
+            ident.notes.append(
+                "scaling: Llama 3 depends only on original_max_position_embeddings / "
+                "low_freq_factor and / high_freq_factor (the band edges' wavelengths): "
+                "every parameter set with the same ratios is the same map"
+            )
         if verified[0].family == "yarn" and "truncate" not in verified[0].flag:
-            ident.notes.append(f"scaling: YaRN's ramp ends are integers at each rotary dim, so "
-                               f"original_max_position_embeddings, beta_fast and beta_slow are pinned "
-                               f"only to ranges (and only their ratios matter: original / beta_fast, original / beta_slow): the values suggested reproduce rotary dims {dims}")
+            ident.notes.append(
+                f"scaling: YaRN's ramp ends are integers at each rotary dim, so "
+                f"original_max_position_embeddings, beta_fast and beta_slow are pinned "
+                f"only to ranges (and only their ratios matter: original / beta_fast, original / beta_slow): "
+                f"the values suggested reproduce rotary dims {dims}"
+            )
     else:
-        ident.notes.append("scaling: no named scaling (Llama 3, YaRN) matches the measured "
-                           "frequencies within their bounds; no --scaling value is suggested")
+        ident.notes.append(
+            "scaling: no named scaling (Llama 3, YaRN) matches the measured "
+            "frequencies within their bounds; no --scaling value is suggested"
+        )
 
 
 def ranges(indices) -> str:
@@ -237,6 +291,10 @@ def ranges(indices) -> str:
 def confidence(ident: Identification) -> str:
     if not ident.rotary:
         return "none"
-    pinned = ((ident.geometric or bool(ident.named_scalings)) and ident.base_error is not None
-              and ident.base_error < PINNED and (ident.scale_error or 0.0) < PINNED)
+    pinned = (
+        (ident.geometric or bool(ident.named_scalings))
+        and ident.base_error is not None
+        and ident.base_error < PINNED
+        and (ident.scale_error or 0.0) < PINNED
+    )
     return "high" if pinned and ident.worst_ratio <= 1.0 else "medium"

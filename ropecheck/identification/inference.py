@@ -9,10 +9,10 @@ import math
 import numpy as np
 import torch
 
-from ropecheck.properties.dtypes import UNIT_ROUNDOFF, torch_dtype
-from ropecheck.identification.result import RATIO_CAP, UNWRAP_LIMIT, Evidence, NotRotary
-from ropecheck.identification.probe import Probe
 from ropecheck.identification.fitting import wls
+from ropecheck.identification.probe import Probe
+from ropecheck.identification.result import RATIO_CAP, UNWRAP_LIMIT, Evidence, NotRotary
+from ropecheck.properties.dtypes import UNIT_ROUNDOFF, torch_dtype
 from ropecheck.properties.tolerance import K_OPS, U32, ErrorModel
 
 
@@ -26,13 +26,13 @@ class Bounds:
         self.norm = float(self.model.norm_bound(self.a))
 
     def linearity(self, v: np.ndarray) -> float:
-        return (K_OPS * self.model.unit * self.a * (np.linalg.norm(v) + np.abs(v).sum())
-                + self.model.floor * (1 + np.abs(v).sum()))
+        return K_OPS * self.model.unit * self.a * (np.linalg.norm(v) + np.abs(v).sum()) + self.model.floor * (
+            1 + np.abs(v).sum()
+        )
 
     def angle(self, positions, theta) -> np.ndarray:
         """(P, n) bound on |phi_read(m) - m theta_exact|."""
-        return (ErrorModel.angle_error(positions, np.abs(theta))
-                + math.sqrt(2.0) * self.entry / self.a)
+        return ErrorModel.angle_error(positions, np.abs(theta)) + math.sqrt(2.0) * self.entry / self.a
 
 
 def record(ident, test, deviation, bound, detail, failure):
@@ -51,10 +51,19 @@ def check_linear(ident, small: Probe, bounds: Bounds):
         m = int(small.positions[np.abs(zero_out).max(axis=1).argmax()])
         shift = outputs - vectors[None] - zero_out[:, None]
         additive = np.abs(shift).max() <= max(bounds.linearity(v) for v in vectors)
-        why = ("f(x, m) - x = p_m for every x: the encoding is additive (sinusoidal-like)"
-               if additive else "the map is not linear")
-        record(ident, "zero", p, bounds.model.floor, f"max |f(0, m)| = {p:.3g}",
-                f"not a rotary embedding: f(0, m) = p_m != 0 (|p_m| up to {p:.3g}, at m = {m}); {why}")
+        why = (
+            "f(x, m) - x = p_m for every x: the encoding is additive (sinusoidal-like)"
+            if additive
+            else "the map is not linear"
+        )
+        record(
+            ident,
+            "zero",
+            p,
+            bounds.model.floor,
+            f"max |f(0, m)| = {p:.3g}",
+            f"not a rotary embedding: f(0, m) = p_m != 0 (|p_m| up to {p:.3g}, at m = {m}); {why}",
+        )
     ident.evidence.append(Evidence("zero", 0.0, "f(0, m) = 0"))
     worst, where = 0.0, ""
     for k, v in enumerate(vectors):
@@ -62,9 +71,14 @@ def check_linear(ident, small: Probe, bounds: Bounds):
         ratio = dev / bounds.linearity(v)
         if ratio > worst:
             worst, where = ratio, f"|f(v, m) - M_m v| = {dev:.3g} for |v|_1 = {np.abs(v).sum():g}"
-    record(ident, "linearity", worst, 1.0, where or "f(v, m) = M_m v",
-            f"not a rotary embedding: the map is not linear ({where}, "
-            f"{worst:.3g} times the rounding bound)")
+    record(
+        ident,
+        "linearity",
+        worst,
+        1.0,
+        where or "f(v, m) = M_m v",
+        f"not a rotary embedding: the map is not linear ({where}, {worst:.3g} times the rounding bound)",
+    )
 
 
 def norm_trend(norms, positions, dtype: str) -> str:
@@ -89,8 +103,7 @@ def norm_trend(norms, positions, dtype: str) -> str:
         if ok.sum() < 3:
             continue
         y = np.log(n[ok])
-        sigma = (-np.log1p(-relative[ok]) + XPOS_OPS * model.unit
-                 + U32 * (SCALE_POW_CONST + np.abs(y - y[0]).max()))
+        sigma = -np.log1p(-relative[ok]) + XPOS_OPS * model.unit + U32 * (SCALE_POW_CONST + np.abs(y - y[0]).max())
         beta, d_beta, ratio, _ = wls(np.stack([np.ones(ok.sum()), m[ok]], axis=1), y, sigma)
         fitted += 1
         worst = max(worst, ratio)
@@ -99,16 +112,21 @@ def norm_trend(norms, positions, dtype: str) -> str:
     if not fitted:
         return "too few finite norms to tell how they change"
     if worst > 1.0:
-        return (f"not as a power of the position: a line fitted to log|f(e_j, m)| against m "
-                f"leaves residuals {worst:.3g} times their rounding bound (a scale zeta^(m/s) "
-                f"would leave them within it)")
+        return (
+            f"not as a power of the position: a line fitted to log|f(e_j, m)| against m "
+            f"leaves residuals {worst:.3g} times their rounding bound (a scale zeta^(m/s) "
+            f"would leave them within it)"
+        )
     if not trend:
-        return ("with no measurable trend in m (log|f(e_j, m)| is a line in m within rounding, "
-                "its slope within its bound)")
+        return (
+            "with no measurable trend in m (log|f(e_j, m)| is a line in m within rounding, its slope within its bound)"
+        )
     per = np.exp(np.array(slopes))
-    return (f"as a power of the position: log|f(e_j, m)| is a line in m (residuals within "
-            f"{worst:.2g} of their rounding bound), the norms scale by {per.min():.6g} .. "
-            f"{per.max():.6g} per unit of position, as zeta^(m/s) (xPos-like)")
+    return (
+        f"as a power of the position: log|f(e_j, m)| is a line in m (residuals within "
+        f"{worst:.2g} of their rounding bound), the norms scale by {per.min():.6g} .. "
+        f"{per.max():.6g} per unit of position, as zeta^(m/s) (xPos-like)"
+    )
 
 
 def coarse_entries(matrices, dtype: str) -> str:
@@ -116,9 +134,12 @@ def coarse_entries(matrices, dtype: str) -> str:
     values = torch.from_numpy(np.ascontiguousarray(matrices))
     for coarse in ("bfloat16", "float16"):
         if UNIT_ROUNDOFF[coarse] > UNIT_ROUNDOFF[dtype] and torch.equal(
-                values.to(torch_dtype(coarse)).to(torch.float64), values):
-            return (f"; every entry of M_m is a {coarse} number although the probe is {dtype}: "
-                    f"cos/sin (or the output) rounded to {coarse}?")
+            values.to(torch_dtype(coarse)).to(torch.float64), values
+        ):
+            return (
+                f"; every entry of M_m is a {coarse} number although the probe is {dtype}: "
+                f"cos/sin (or the output) rounded to {coarse}?"
+            )
     return ""
 
 
@@ -129,20 +150,32 @@ def check_norms(ident, matrices, positions, bounds: Bounds, where: str):
     if change.max() > 2 * bounds.norm:
         with np.errstate(divide="ignore", invalid="ignore"):
             percent = 100 * float(np.nan_to_num(np.abs(norms / norms[:1] - 1.0), posinf=np.inf).max())
-        failure = (f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at "
-                   f"m = {positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): column norms change "
-                   f"by up to {percent:.2g} %, {norm_trend(norms, positions, ident.dtype)}"
-                   f"{coarse_entries(matrices, ident.dtype)}; norms are not preserved")
+        failure = (
+            f"not a rotation: |f(e_{j}, m)| changes with the position ({norms[0, j]:.6g} at "
+            f"m = {positions[0]}, {norms[p, j]:.6g} at m = {positions[p]}): column norms change "
+            f"by up to {percent:.2g} %, {norm_trend(norms, positions, ident.dtype)}"
+            f"{coarse_entries(matrices, ident.dtype)}; norms are not preserved"
+        )
     else:
         failure = ""
-    record(ident, f"norms{where}", change.max(), 2 * bounds.norm,
-            f"column norms constant in m to {change.max():.3g}", failure)
+    record(
+        ident,
+        f"norms{where}",
+        change.max(),
+        2 * bounds.norm,
+        f"column norms constant in m to {change.max():.3g}",
+        failure,
+    )
     gram = np.einsum("pki,pkj->pij", matrices, matrices)
     off = np.abs(gram - np.einsum("pi,ij->pij", np.einsum("pii->pi", gram), np.eye(gram.shape[1])))
-    record(ident, f"orthogonality{where}", off.max(), 2 * bounds.a * bounds.norm + bounds.norm**2,
-            f"max |<f(e_i, m), f(e_j, m)>| = {off.max():.3g}",
-            f"not a rotation: the columns of M_m are not orthogonal (inner product up to "
-            f"{off.max():.3g})")
+    record(
+        ident,
+        f"orthogonality{where}",
+        off.max(),
+        2 * bounds.a * bounds.norm + bounds.norm**2,
+        f"max |<f(e_i, m), f(e_j, m)>| = {off.max():.3g}",
+        f"not a rotation: the columns of M_m are not orthogonal (inner product up to {off.max():.3g})",
+    )
     return norms[0]
 
 
@@ -150,12 +183,20 @@ def check_identity_at_zero(ident, m0, bounds: Bounds):
     diag = np.diag(m0)
     off = np.abs(m0 - np.diag(diag)).max()
     i, j = np.unravel_index(np.abs(m0 - np.diag(diag)).argmax(), m0.shape)
-    record(ident, "identity at 0", off, bounds.entry, f"max off-diagonal of M_0 = {off:.3g}",
-            f"not a RoPE: f(x, 0) is not a multiple of x (f(e_{j}, 0)[{i}] = {m0[i, j]:.3g}); "
-            f"position 0 must be the identity (positions offset?)")
+    record(
+        ident,
+        "identity at 0",
+        off,
+        bounds.entry,
+        f"max off-diagonal of M_0 = {off:.3g}",
+        f"not a RoPE: f(x, 0) is not a multiple of x (f(e_{j}, 0)[{i}] = {m0[i, j]:.3g}); "
+        f"position 0 must be the identity (positions offset?)",
+    )
     if (diag <= 0).any():
-        raise NotRotary(f"not a RoPE: f(e_j, 0) = {diag[diag <= 0][0]:.3g} e_j for "
-                        f"j = {int(np.argmax(diag <= 0))}; position 0 must be the identity")
+        raise NotRotary(
+            f"not a RoPE: f(e_j, 0) = {diag[diag <= 0][0]:.3g} e_j for "
+            f"j = {int(np.argmax(diag <= 0))}; position 0 must be the identity"
+        )
 
 
 def components(coupled: np.ndarray) -> list[list[int]]:
@@ -250,8 +291,10 @@ def match_layout(pairs, rotary_dim):
     0 .. r-1), with the pairs put in the layout's frequency order; else (None, pairs)."""
     found = {frozenset(p) for p in pairs}
     half = rotary_dim // 2
-    for name, layout_pairs in (("half", [(i, i + half) for i in range(half)]),
-                               ("interleaved", [(2 * i, 2 * i + 1) for i in range(half)])):
+    for name, layout_pairs in (
+        ("half", [(i, i + half) for i in range(half)]),
+        ("interleaved", [(2 * i, 2 * i + 1) for i in range(half)]),
+    ):
         if found == {frozenset(p) for p in layout_pairs}:
             return name, layout_pairs
     return None, pairs
@@ -267,22 +310,35 @@ def structure(ident, small, large, bounds):
     if big:
         comp = big[0]
         shown = ", ".join(map(str, comp[:8])) + (", ..." if len(comp) > 8 else "")
-        raise NotRotary(f"not a RoPE: features {{{shown}}} mix together ({len(comp)} features "
-                        f"in one invariant subspace): the map is not made of 2x2 rotations of "
-                        f"feature pairs")
+        raise NotRotary(
+            f"not a RoPE: features {{{shown}}} mix together ({len(comp)} features "
+            f"in one invariant subspace): the map is not made of 2x2 rotations of "
+            f"feature pairs"
+        )
     edges = {frozenset(c) for c in comps if len(c) == 2}
-    loose = max((coupling[i, j] for i in range(len(coupling)) for j in range(i)
-                 if frozenset((i, j)) not in edges), default=0.0)
-    ident.evidence.append(Evidence("pairing", float(loose / bounds.entry),
-                                   f"{len(edges)} coupled pairs; largest other coupling {loose:.3g}"))
+    loose = max(
+        (coupling[i, j] for i in range(len(coupling)) for j in range(i) if frozenset((i, j)) not in edges), default=0.0
+    )
+    ident.evidence.append(
+        Evidence(
+            "pairing", float(loose / bounds.entry), f"{len(edges)} coupled pairs; largest other coupling {loose:.3g}"
+        )
+    )
     pairs = [tuple(c) for c in comps if len(c) == 2]
     single = [c[0] for c in comps if len(c) == 1]
     if not pairs:
-        raise NotRotary("not a rotary embedding: the output does not depend on the position "
-                        "(f(x, m) = a x at every probe position): no feature pair rotates")
+        raise NotRotary(
+            "not a rotary embedding: the output does not depend on the position "
+            "(f(x, m) = a x at every probe position): no feature pair rotates"
+        )
     diag = matrices[:, single, single]
     change = np.abs(diag - diag[:1]).max(initial=0.0)
-    record(ident, "pass-through", change, 2 * bounds.entry,
-            f"{len(single)} features unchanged at every position",
-            "not a RoPE: a feature that no other feature couples to changes with the position")
+    record(
+        ident,
+        "pass-through",
+        change,
+        2 * bounds.entry,
+        f"{len(single)} features unchanged at every position",
+        "not a RoPE: a feature that no other feature couples to changes with the position",
+    )
     return pairs, single

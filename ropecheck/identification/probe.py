@@ -10,10 +10,15 @@ import numpy as np
 import torch
 
 from ropecheck.calling.caller import Caller
+from ropecheck.identification.result import (
+    LARGE_MAX_POSITIONS,
+    PROBE_DTYPES,
+    PROBE_HEAD_DIMS,
+    NotRotary,
+    UnusableTarget,
+)
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import CallError, TargetHung
-from ropecheck.identification.result import (LARGE_MAX_POSITIONS, PROBE_DTYPES, PROBE_HEAD_DIMS, NotRotary,
-                                              UnusableTarget)
 from ropecheck.targets.target import Target
 
 
@@ -28,8 +33,7 @@ class Probe:
 def basis_input(positions, head_dim: int, extra: np.ndarray, dtype: str):
     heads = np.concatenate([np.eye(head_dim), extra]) if extra is not None else np.eye(head_dim)
     x = np.broadcast_to(heads, (1, len(positions)) + heads.shape).copy()
-    return (torch.from_numpy(x).to(torch_dtype(dtype)),
-            torch.tensor([list(positions)], dtype=torch.int64))
+    return (torch.from_numpy(x).to(torch_dtype(dtype)), torch.tensor([list(positions)], dtype=torch.int64))
 
 
 def probe_at(caller: Caller, dtype: str, head_dim: int, positions, extra=None) -> Probe:
@@ -67,10 +71,10 @@ def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
                 raise UnusableTarget(f"on {dtype}, head_dim {head_dim}: {exc}") from None
     tried = len(raised) + len(broken)
     if broken:
-        raise NotRotary(f"the call contract is broken ({broken[0]}; {tried} dtype/head_dim "
-                        f"combinations tried)")
-    raise UnusableTarget(f"the target cannot be called ({raised[0]}; and on {tried - 1} other "
-                         f"dtype/head_dim combinations)")
+        raise NotRotary(f"the call contract is broken ({broken[0]}; {tried} dtype/head_dim combinations tried)")
+    raise UnusableTarget(
+        f"the target cannot be called ({raised[0]}; and on {tried - 1} other dtype/head_dim combinations)"
+    )
 
 
 def large_positions(limit: int, small_top: int) -> list[tuple]:

@@ -8,7 +8,6 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-
 from ropecheck.identification.fitting import number
 
 SMALL_POSITIONS = (0, 1, 2, 3) + tuple(2**k for k in range(2, 11))

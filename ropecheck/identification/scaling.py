@@ -62,13 +62,27 @@ from typing import Optional
 
 import numpy as np
 
+from ropecheck.identification.fitting import (
+    DEFAULT_BETA_FAST,
+    DEFAULT_BETA_SLOW,
+    MAX_TRIED,
+    Candidate,
+    Measured,
+    Segments,
+    digits,
+    first_verified,
+    fit_segments,
+    length_digits,
+    number,
+    simplest,
+    simplest_integer,
+    verify,
+    wls,
+)
 from ropecheck.reference.scaling import YaRN, yarn_mscale
-from ropecheck.identification.fitting import (DEFAULT_BETA_FAST, DEFAULT_BETA_SLOW, MAX_TRIED, Candidate, Measured,
-                                        Segments, digits, first_verified, fit_segments, length_digits, number,
-                                        simplest, simplest_integer, verify, wls)
-
 
 # --- step 2: the families -----------------------------------------------------------------
+
 
 def _band(measured: Measured, seg: Segments, base: float):
     """Indices of the band, its kept fraction rho and the bound on rho's error."""
@@ -85,8 +99,9 @@ def _scale(seg: Segments) -> list[float]:
     return [v for v in dict.fromkeys([rounded, s]) if v is not None and v > 1.0]
 
 
-def llama3_candidates(measured: Measured, seg: Segments, base: float, measurements: list,
-                      notes: list) -> list[Candidate]:
+def llama3_candidates(
+    measured: Measured, seg: Segments, base: float, measurements: list, notes: list
+) -> list[Candidate]:
     """Llama 3 from the band of ``measured`` (the measurement with the most pairs)."""
     band, geometric, rho, d_rho = _band(measured, seg, base)
     if seg.tail == 0:
@@ -95,14 +110,15 @@ def llama3_candidates(measured: Measured, seg: Segments, base: float, measuremen
     if seg.tail == 1:
         notes.append("llama3: only the last pair is divided by the factor: the factor rests on it alone")
     if len(band) < 2:
-        notes.append(f"llama3: {len(band)} pair(s) between the unscaled and the scaled pairs: the "
-                     f"band edges (original context / low and high freq factor) are not pinned")
+        notes.append(
+            f"llama3: {len(band)} pair(s) between the unscaled and the scaled pairs: the "
+            f"band edges (original context / low and high freq factor) are not pinned"
+        )
         return []
     w = geometric / (2 * math.pi)
     (slope, intercept), (d_slope, d_intercept), ratio, _ = wls(np.stack([w, np.ones_like(w)], 1), rho, d_rho)
     if ratio > 1.0 or slope <= 0:
-        notes.append(f"llama3: the band's kept fraction is not linear in 1/wavelength "
-                     f"({ratio:.3g} times the bound)")
+        notes.append(f"llama3: the band's kept fraction is not linear in 1/wavelength ({ratio:.3g} times the bound)")
         return []
     out = []
     for s in _scale(seg):
@@ -124,15 +140,23 @@ def llama3_candidates(measured: Measured, seg: Segments, base: float, measuremen
                     continue
                 key = (digits(low) + digits(high) + length_digits(original), low < 1, original, low)
                 found[key] = (low, high, original)
-        ranked = [found[k] for k in sorted(found)][:MAX_TRIED // 4]
+        ranked = [found[k] for k in sorted(found)][: MAX_TRIED // 4]
         original = max(1, round(1.0 / w_lo))  # unrounded edges: always expressible
         ranked.append((original * w_lo, original * w_hi, original))
-        how = (f"band of {len(band)} pairs: edges at wavelengths {1 / w_lo:.6g} (+-{dw_lo / w_lo:.1e}) and "
-               f"{1 / w_hi:.6g} (+-{dw_hi / w_hi:.1e}); factor from {seg.tail} plateau pairs")
+        how = (
+            f"band of {len(band)} pairs: edges at wavelengths {1 / w_lo:.6g} (+-{dw_lo / w_lo:.1e}) and "
+            f"{1 / w_hi:.6g} (+-{dw_hi / w_hi:.1e}); factor from {seg.tail} plateau pairs"
+        )
         for low, high, original in ranked:
-            out.append(Candidate(f"llama3:factor={number(s)},low_freq_factor={number(low)},"
-                                 f"high_freq_factor={number(high)},"
-                                 f"original_max_position_embeddings={original}", "llama3", how))
+            out.append(
+                Candidate(
+                    f"llama3:factor={number(s)},low_freq_factor={number(low)},"
+                    f"high_freq_factor={number(high)},"
+                    f"original_max_position_embeddings={original}",
+                    "llama3",
+                    how,
+                )
+            )
     return out
 
 
@@ -181,8 +205,7 @@ def _ramp_ranges(measurements: list, base: float, s: float, notes: list):
         r = measured.rotary_dim
         ends = yarn_ends(measured, base, s)
         if not ends:
-            notes.append(f"yarn: no truncated ramp with factor {s:g} reproduces the frequencies at "
-                         f"rotary dim {r}")
+            notes.append(f"yarn: no truncated ramp with factor {s:g} reproduces the frequencies at rotary dim {r}")
             return None
         c = 2 * math.log(base) / r
         lows, highs = sorted({lo for lo, _ in ends}), sorted({hi for _, hi in ends})
@@ -222,8 +245,9 @@ def _yarn_contexts(fast: list, slow: list) -> list[tuple[int, float, float]]:
     """(L0, beta_fast, beta_slow) inside the ranges, simplest first (module docstring)."""
     ln_fast, ln_slow = math.log(2 * math.pi * DEFAULT_BETA_FAST), math.log(2 * math.pi * DEFAULT_BETA_SLOW)
     out = []
-    both = _intersect([(lo + ln_fast, hi + ln_fast) for lo, hi in fast],
-                      [(lo + ln_slow, hi + ln_slow) for lo, hi in slow])
+    both = _intersect(
+        [(lo + ln_fast, hi + ln_fast) for lo, hi in fast], [(lo + ln_slow, hi + ln_slow) for lo, hi in slow]
+    )
     length = _simplest_length(_inside(both, 0.0, LN_LENGTH))
     if length is not None:
         out.append((length, DEFAULT_BETA_FAST, DEFAULT_BETA_SLOW))
@@ -241,8 +265,7 @@ def _yarn_contexts(fast: list, slow: list) -> list[tuple[int, float, float]]:
     return out
 
 
-def yarn_candidates(measured: Measured, seg: Segments, base: float, measurements: list,
-                    notes: list) -> list[Candidate]:
+def yarn_candidates(measured: Measured, seg: Segments, base: float, measurements: list, notes: list) -> list[Candidate]:
     """YaRN from the band of ``measured`` (the measurement with the most pairs); the
     truncated ramp's ends from every measurement."""
     r = measured.rotary_dim
@@ -259,23 +282,29 @@ def yarn_candidates(measured: Measured, seg: Segments, base: float, measurements
         contexts = []
         ranges = _ramp_ranges(measurements, base, s, notes)
         if ranges is not None:
-            how = (f"ramp ends found at rotary dims {dims} (integers: the last unscaled and the "
-                   f"first fully scaled pair); factor from {seg.tail} plateau pairs")
+            how = (
+                f"ramp ends found at rotary dims {dims} (integers: the last unscaled and the "
+                f"first fully scaled pair); factor from {seg.tail} plateau pairs"
+            )
             contexts += [(c, True, how) for c in _yarn_contexts(*ranges)]
         if len(band) >= 2:
             ramp, d_ramp = (1 - rho) / (1 - 1 / s), d_rho / (1 - 1 / s)
             (slope, intercept), (d_slope, d_intercept), ratio, _ = wls(
-                np.stack([band.astype(np.float64), np.ones(len(band))], 1), ramp, d_ramp)
+                np.stack([band.astype(np.float64), np.ones(len(band))], 1), ramp, d_ramp
+            )
             if ratio <= 1.0 and slope > 0:
                 low, high = -intercept / slope, (1 - intercept) / slope
                 d_low = (d_intercept + abs(low) * d_slope) / slope
                 d_high = (d_intercept + abs(high) * d_slope) / slope
-                how = (f"ramp from pair {low:.6g} (+-{d_low:.1e}) to {high:.6g} (+-{d_high:.1e}) at "
-                       f"rotary dim {r}, not truncated; factor from {seg.tail} plateau pairs")
+                how = (
+                    f"ramp from pair {low:.6g} (+-{d_low:.1e}) to {high:.6g} (+-{d_high:.1e}) at "
+                    f"rotary dim {r}, not truncated; factor from {seg.tail} plateau pairs"
+                )
                 contexts += [(c, False, how) for c in _yarn_context_real(low, d_low, high, d_high, base, r)]
             else:
-                notes.append(f"yarn: the band's kept fraction is not linear in the pair index "
-                             f"({ratio:.3g} times the bound)")
+                notes.append(
+                    f"yarn: the band's kept fraction is not linear in the pair index ({ratio:.3g} times the bound)"
+                )
         for (original, bf, bs), truncate, how in contexts:
             words = [f"factor={number(s)}", f"original_max_position_embeddings={original}"]
             if bf != DEFAULT_BETA_FAST:
@@ -301,7 +330,7 @@ def _yarn_context_real(low, d_low, high, d_high, base, r):
         bs = simplest(scale * math.exp(-c * (high + d_high)), scale * math.exp(-c * (high - d_high)))
         if bf is not None and bs is not None and low > 0 and high < r - 1:
             found.append((digits(bf) + digits(bs), original, bf, bs))
-    return [(o, bf, bs) for _, o, bf, bs in sorted(found)][:MAX_TRIED // 2]
+    return [(o, bf, bs) for _, o, bf, bs in sorted(found)][: MAX_TRIED // 2]
 
 
 FAMILIES = (("llama3", llama3_candidates), ("yarn", yarn_candidates))
@@ -332,13 +361,18 @@ def match(measured: Measured, seg: Segments, measurements: list[Measured], bases
             verified.append(found)
             continue
         if closest is not None:
-            family_notes.append(f"{family}: the closest fit ({closest.flag}) misses the measured "
-                                f"frequencies by {closest.ratio:.3g} and the amplitude by "
-                                f"{closest.amplitude_ratio:.3g} times their bounds: not suggested")
+            family_notes.append(
+                f"{family}: the closest fit ({closest.flag}) misses the measured "
+                f"frequencies by {closest.ratio:.3g} and the amplitude by "
+                f"{closest.amplitude_ratio:.3g} times their bounds: not suggested"
+            )
         notes += [note for note in dict.fromkeys(family_notes)]
     return verified, ([] if verified else notes)
 
 
 def linear_candidate(measured: Measured, base: float, scale: float) -> Candidate:
-    return verify(Candidate(f"linear:factor={number(scale)}", "linear",
-                            "geometric frequencies divided by the factor", base), [measured], base)
+    return verify(
+        Candidate(f"linear:factor={number(scale)}", "linear", "geometric frequencies divided by the factor", base),
+        [measured],
+        base,
+    )

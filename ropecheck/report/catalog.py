@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Optional
 
+from ropecheck.adapters import ADAPTERS
 from ropecheck.properties.families import FAMILIES
 from ropecheck.session.spec import family_words
-from ropecheck.adapters import ADAPTERS
 from ropecheck.targets.builtins import BUILTIN_FORMS, BUILTINS, DEFAULT_TARGET
 
 
@@ -61,18 +61,42 @@ def entries() -> list[Entry]:
     out = []
     for name, (layout, _, description) in BUILTINS.items():
         why = description.split("unavailable: ", 1)[1] if "unavailable: " in description else None
-        out.append(Entry(name, "built-in", "ropecheck", layout, f"--layout {layout} --base 10000",
-                         _capabilities(("float32", "bfloat16", "float16", "float64"), True, False, None,
-                                       **BUILTIN_FORMS.get(name, {})),
-                         description.split("; unavailable")[0], why,
-                         default=name == DEFAULT_TARGET))
+        out.append(
+            Entry(
+                name,
+                "built-in",
+                "ropecheck",
+                layout,
+                f"--layout {layout} --base 10000",
+                _capabilities(
+                    ("float32", "bfloat16", "float16", "float64"), True, False, None, **BUILTIN_FORMS.get(name, {})
+                ),
+                description.split("; unavailable")[0],
+                why,
+                default=name == DEFAULT_TARGET,
+            )
+        )
     for adapter in ADAPTERS.values():
         c = adapter.convention
-        out.append(Entry(adapter.name, "adapter", adapter.library,
-                         c.layout if c else "?", c.flags() if c else _family_flags(adapter),
-                         _capabilities(adapter.dtypes, adapter.backward, adapter.inplace,
-                                       adapter.max_position,
-                                       "x" if adapter.call == FAMILIES[adapter.family].calls[0] else adapter.call,
-                                       adapter.k_optional),
-                         adapter.description, adapter.why_unavailable(), adapter.notes, family=adapter.family))
+        out.append(
+            Entry(
+                adapter.name,
+                "adapter",
+                adapter.library,
+                c.layout if c else "?",
+                c.flags() if c else _family_flags(adapter),
+                _capabilities(
+                    adapter.dtypes,
+                    adapter.backward,
+                    adapter.inplace,
+                    adapter.max_position,
+                    "x" if adapter.call == FAMILIES[adapter.family].calls[0] else adapter.call,
+                    adapter.k_optional,
+                ),
+                adapter.description,
+                adapter.why_unavailable(),
+                adapter.notes,
+                family=adapter.family,
+            )
+        )
     return out

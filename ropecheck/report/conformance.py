@@ -20,14 +20,14 @@ from typing import Callable, Optional
 
 import torch
 
+from ropecheck.adapters import ADAPTERS
 from ropecheck.properties.runner import json_number
+from ropecheck.report.catalog import Entry, library_version
 from ropecheck.report.output import environment
 from ropecheck.session import known_failures
 from ropecheck.session.options import parse
 from ropecheck.session.prepare import prepare
 from ropecheck.session.spec import UnusableTarget
-from ropecheck.adapters import ADAPTERS
-from ropecheck.report.catalog import Entry, library_version
 
 
 @dataclass
@@ -52,20 +52,36 @@ class TargetReport:
             errors = [r.max_error for r in results if r.max_error is not None]
             accuracy = next((r.accuracy for r in results if r.accuracy), None) or {}
             statuses = {r.status for r in results}
-            verdict = ("error" if "error" in statuses else "failed" if "failed" in statuses
-                       else "known" if "known" in statuses else "passed")
+            verdict = (
+                "error"
+                if "error" in statuses
+                else "failed"
+                if "failed" in statuses
+                else "known"
+                if "known" in statuses
+                else "passed"
+            )
             out[dtype] = {
                 "verdict": verdict,
-                "properties": {r.property: {"status": r.status, "max_error": json_number(r.max_error)}
-                               for r in results},
+                "properties": {
+                    r.property: {"status": r.status, "max_error": json_number(r.max_error)} for r in results
+                },
                 "max_normalised_error": json_number(max(errors)) if errors else None,
                 "accuracy_horizon": accuracy.get("horizon"),
                 "error_profile": {k: accuracy.get(k) for k in ("positions", "relative_error")}
-                if accuracy.get("positions") else None,
-                "worst_inputs": [{"property": r.property, "status": r.status,
-                                  "counterexample": r.counterexample, "message": r.message,
-                                  "reproduce": r.reproduce}
-                                 for r in results if r.status in ("failed", "known", "error")],
+                if accuracy.get("positions")
+                else None,
+                "worst_inputs": [
+                    {
+                        "property": r.property,
+                        "status": r.status,
+                        "counterexample": r.counterexample,
+                        "message": r.message,
+                        "reproduce": r.reproduce,
+                    }
+                    for r in results
+                    if r.status in ("failed", "known", "error")
+                ],
             }
         for dtype, why in self.problems.items():
             out[dtype] = {"verdict": "not callable", "why": why}
@@ -74,16 +90,31 @@ class TargetReport:
 
 def envelope(profile: str, seed: Optional[int]) -> dict:
     libraries = sorted({a.library for a in ADAPTERS.values()} | {"triton"})
-    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-              else f"cpu ({platform.processor() or platform.machine()})")
-    return {"suite": environment()["ropecheck"], "python": platform.python_version(),
-            "torch": torch.__version__, "device": device,
-            "libraries": {name: library_version(name) for name in libraries},
-            "profile": profile, "seed": seed, "generated": date.today().isoformat()}
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or platform.machine()})"
+    )
+    return {
+        "suite": environment()["ropecheck"],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "libraries": {name: library_version(name) for name in libraries},
+        "profile": profile,
+        "seed": seed,
+        "generated": date.today().isoformat(),
+    }
 
 
-def run_target(entry: Entry, dtypes: Optional[list], profile: str, seed: Optional[int], timeout: float,
-               on_result: Callable = lambda r: None) -> TargetReport:
+def run_target(
+    entry: Entry,
+    dtypes: Optional[list],
+    profile: str,
+    seed: Optional[int],
+    timeout: float,
+    on_result: Callable = lambda r: None,
+) -> TargetReport:
     """Run the suite on one catalog entry (``ropecheck.targets.catalog``) through the check
     session, in the dtypes asked for that the target declares (each in its own worker)."""
     name = entry.name
@@ -95,8 +126,9 @@ def run_target(entry: Entry, dtypes: Optional[list], profile: str, seed: Optiona
         report.problems = {"all": str(exc)}
         return report
     try:
-        wanted = [d for d in (dtypes or session.target.dtypes) if d in session.target.dtypes or
-                  d in session.unsupported]
+        wanted = [
+            d for d in (dtypes or session.target.dtypes) if d in session.target.dtypes or d in session.unsupported
+        ]
         report.problems = {d: p for d, p in session.unsupported.items() if d in wanted}
         session.dtypes = [d for d in session.dtypes if d in wanted]
         report.results = session.run(on_result)
@@ -107,11 +139,20 @@ def run_target(entry: Entry, dtypes: Optional[list], profile: str, seed: Optiona
 
 
 def to_json(reports: list[TargetReport], unavailable: dict, env: dict) -> dict:
-    return {"envelope": env,
-            "targets": {r.name: {"library": r.library, "convention": r.convention,
-                                 "capabilities": r.capabilities, "dtypes": r.summary(),
-                                 "known_failures_now_passing": r.fixed} for r in reports},
-            "unavailable": unavailable}
+    return {
+        "envelope": env,
+        "targets": {
+            r.name: {
+                "library": r.library,
+                "convention": r.convention,
+                "capabilities": r.capabilities,
+                "dtypes": r.summary(),
+                "known_failures_now_passing": r.fixed,
+            }
+            for r in reports
+        },
+        "unavailable": unavailable,
+    }
 
 
 def _cell(summary: dict) -> str:
@@ -127,19 +168,31 @@ def _cell(summary: dict) -> str:
 
 def to_markdown(data: dict, command: str, figures: list[str]) -> str:
     env = data["envelope"]
-    lines = ["# ropecheck conformance report", "",
-             f"Regenerate with `{command}` (everything but timings and the date reproduces).", "",
-             "## Execution envelope", "", "| field | value |", "|---|---|"]
+    lines = [
+        "# ropecheck conformance report",
+        "",
+        f"Regenerate with `{command}` (everything but timings and the date reproduces).",
+        "",
+        "## Execution envelope",
+        "",
+        "| field | value |",
+        "|---|---|",
+    ]
     for key in ("suite", "python", "torch", "device", "profile", "seed", "generated"):
         lines.append(f"| {key} | {env[key]} |")
     lines.append("| libraries | " + ", ".join(f"{k} {v}" for k, v in env["libraries"].items()) + " |")
     dtypes = sorted({d for t in data["targets"].values() for d in t["dtypes"]})
-    lines += ["", "## Verdicts", "",
-              "Each cell: the verdict over all properties, then the largest error in tolerance "
-              "units (<= 1 passes) and the accuracy horizon (largest position meeting the strict "
-              "bound, float32 angles excluded).", "",
-              "| target | library | " + " | ".join(dtypes) + " |",
-              "|---|---|" + "---|" * len(dtypes)]
+    lines += [
+        "",
+        "## Verdicts",
+        "",
+        "Each cell: the verdict over all properties, then the largest error in tolerance "
+        "units (<= 1 passes) and the accuracy horizon (largest position meeting the strict "
+        "bound, float32 angles excluded).",
+        "",
+        "| target | library | " + " | ".join(dtypes) + " |",
+        "|---|---|" + "---|" * len(dtypes),
+    ]
     for name, t in data["targets"].items():
         cells = []
         for d in dtypes:
@@ -150,8 +203,9 @@ def to_markdown(data: dict, command: str, figures: list[str]) -> str:
                 cells.append("not callable")
             else:
                 err = s["max_normalised_error"]
-                cells.append(f"{_cell(s)}<br>{float(err):.2g} / {s['accuracy_horizon']}" if err is not None
-                             else _cell(s))
+                cells.append(
+                    f"{_cell(s)}<br>{float(err):.2g} / {s['accuracy_horizon']}" if err is not None else _cell(s)
+                )
         lines.append(f"| `{name}` | {t['library']} | " + " | ".join(cells) + " |")
     lines += ["", "## Findings", ""]
     found = False
@@ -159,9 +213,16 @@ def to_markdown(data: dict, command: str, figures: list[str]) -> str:
         for d, s in t["dtypes"].items():
             for w in s.get("worst_inputs", []):
                 found = True
-                lines += [f"### `{name}` - {w['property']} ({d}): {w['status']}", "",
-                          "```", w["message"].strip(), f"smallest input: {w['counterexample']}",
-                          f"reproduce: {w['reproduce']}", "```", ""]
+                lines += [
+                    f"### `{name}` - {w['property']} ({d}): {w['status']}",
+                    "",
+                    "```",
+                    w["message"].strip(),
+                    f"smallest input: {w['counterexample']}",
+                    f"reproduce: {w['reproduce']}",
+                    "```",
+                    "",
+                ]
             if s.get("verdict") == "not callable":
                 found = True
                 lines += [f"### `{name}` ({d}): not callable", "", f"{s['why']}", ""]
@@ -176,8 +237,7 @@ def to_markdown(data: dict, command: str, figures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path, reports: list[TargetReport], unavailable: dict, env: dict,
-          command: str) -> dict:
+def write(out_dir: Path, reports: list[TargetReport], unavailable: dict, env: dict, command: str) -> dict:
     from ropecheck.report.plots import plot_error_profiles
 
     out_dir.mkdir(parents=True, exist_ok=True)

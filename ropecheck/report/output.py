@@ -16,11 +16,18 @@ from rich.table import Table
 from ropecheck.session.session import column_label
 
 SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
-STATUS_STYLE = {"passed": "[green]pass[/]", "failed": "[bold red]FAIL[/]",
-                "skipped": "[dim]skip[/]", "error": "[bold magenta]ERROR[/]",
-                "known": "[yellow]known[/]"}
-VERDICT_LINE = {"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
-                "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)"}
+STATUS_STYLE = {
+    "passed": "[green]pass[/]",
+    "failed": "[bold red]FAIL[/]",
+    "skipped": "[dim]skip[/]",
+    "error": "[bold magenta]ERROR[/]",
+    "known": "[yellow]known[/]",
+}
+VERDICT_LINE = {
+    "passed": "[bold green]PASSED[/]",
+    "failed": "[bold red]FAILED[/]",
+    "error": "[bold magenta]ERROR[/] (a check crashed inside ropecheck)",
+}
 EXIT_STATUS = {"passed": 0, "failed": 1, "error": 2}
 
 
@@ -32,9 +39,14 @@ def _version(package: str) -> str:
 
 
 def environment() -> dict:
-    return {"ropecheck": _version("ropecheck"), "python": platform.python_version(),
-            "torch": _version("torch"), "numpy": _version("numpy"),
-            "hypothesis": _version("hypothesis"), "platform": platform.platform()}
+    return {
+        "ropecheck": _version("ropecheck"),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "hypothesis": _version("hypothesis"),
+        "platform": platform.platform(),
+    }
 
 
 def _cell(result) -> str:
@@ -65,8 +77,9 @@ def results_table(session) -> Table:
     for name in session.rows:
         row = [name]
         for dtype, mode in columns:
-            r = cells.get((name, dtype, mode)) or (cells.get((name, dtype, "eager")) if name == "position-range"
-                                                   else None)
+            r = cells.get((name, dtype, mode)) or (
+                cells.get((name, dtype, "eager")) if name == "position-range" else None
+            )
             row.append(_cell(r) if r else "[dim]-[/]")
         table.add_row(*row)
     horizons = []
@@ -89,9 +102,11 @@ def _detail(console: Console, label: str, text: str) -> None:
 def print_failures(console: Console, session) -> None:
     """Each root cause once, with the properties it took down; then every other failure."""
     for cause in session.causes:
-        console.print(f"\n[bold red]ROOT CAUSE {cause['id']}[/] took down {len(cause['properties'])} "
-                      f"properties ({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}:",
-                      soft_wrap=True)
+        console.print(
+            f"\n[bold red]ROOT CAUSE {cause['id']}[/] took down {len(cause['properties'])} "
+            f"properties ({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}:",
+            soft_wrap=True,
+        )
         _detail(console, "", cause["message"])
         _detail(console, "likely cause: ", cause.get("diagnosis", ""))
         for other in cause.get("also", []):
@@ -103,8 +118,9 @@ def print_failures(console: Console, session) -> None:
             continue
         colour = "yellow" if r.status == "known" else "bold red"
         where = column_label(r.dtype, r.mode)
-        console.print(f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({where}): "
-                      f"{escape(r.formula)}", soft_wrap=True)
+        console.print(
+            f"\n[{colour}]{r.status.upper()}[/] [bold]{r.property}[/] ({where}): {escape(r.formula)}", soft_wrap=True
+        )
         _detail(console, "", r.message)
         _detail(console, "likely cause: ", r.diagnosis)
         _detail(console, "minimal counterexample: ", r.counterexample)
@@ -123,8 +139,10 @@ def support_notes(session) -> dict[str, list[str]]:
 def print_notes(console: Console, session) -> None:
     notes = support_notes(session)
     if notes:
-        console.print("\n[yellow]support notes[/] (* above: exotic inputs the target refuses; "
-                      "not failures, --strict-layouts makes them so):")
+        console.print(
+            "\n[yellow]support notes[/] (* above: exotic inputs the target refuses; "
+            "not failures, --strict-layouts makes them so):"
+        )
         for note, dtypes in notes.items():
             console.print(f"  {note} [{', '.join(dtypes)}]", markup=False, highlight=False, soft_wrap=True)
 
@@ -148,8 +166,11 @@ def session_dict(session) -> dict:
         "family": session.target.family,
         "call": session.target.call,
         "convention": conv,
-        "capabilities": {"backward": session.target.backward, "inplace": session.target.inplace,
-                         "max_position": session.target.max_position},
+        "capabilities": {
+            "backward": session.target.backward,
+            "inplace": session.target.inplace,
+            "max_position": session.target.max_position,
+        },
         "device": session.target.device,
         "options": session.options.echo() if session.options is not None else {},
         "profile": session.run_options.profile,
@@ -175,28 +196,37 @@ def write_json(path: str, session) -> None:
 def write_junit(path: str, session) -> None:
     results = session.results
     unsupported = session.unsupported
-    suite = ET.Element("testsuite", name=f"ropecheck.{session.target.name}", tests=str(len(results) + len(unsupported)),
-                       failures=str(sum(r.status == "failed" for r in results)),
-                       errors=str(sum(r.status == "error" for r in results)),
-                       skipped=str(sum(r.status in ("skipped", "known") for r in results) + len(unsupported)),
-                       time=f"{sum(r.seconds for r in results):.3f}")
+    suite = ET.Element(
+        "testsuite",
+        name=f"ropecheck.{session.target.name}",
+        tests=str(len(results) + len(unsupported)),
+        failures=str(sum(r.status == "failed" for r in results)),
+        errors=str(sum(r.status == "error" for r in results)),
+        skipped=str(sum(r.status in ("skipped", "known") for r in results) + len(unsupported)),
+        time=f"{sum(r.seconds for r in results):.3f}",
+    )
     for r in results:
-        case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",
-                             name=f"{r.property}[{column_label(r.dtype, r.mode).replace(' ', '-')}]",
-                             time=f"{r.seconds:.3f}")
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"ropecheck.{session.target.name}",
+            name=f"{r.property}[{column_label(r.dtype, r.mode).replace(' ', '-')}]",
+            time=f"{r.seconds:.3f}",
+        )
         if r.status in ("failed", "error"):
-            node = ET.SubElement(case, "failure" if r.status == "failed" else "error",
-                                 message=r.message[:500])
+            node = ET.SubElement(case, "failure" if r.status == "failed" else "error", message=r.message[:500])
             cause = f"root cause {r.cause}" if r.cause else ""
-            node.text = "\n".join(filter(None, [r.formula, r.message, cause, r.diagnosis,
-                                                r.counterexample, r.reproduce]))
+            node.text = "\n".join(
+                filter(None, [r.formula, r.message, cause, r.diagnosis, r.counterexample, r.reproduce])
+            )
         elif r.status in ("skipped", "known"):
             ET.SubElement(case, "skipped", message=r.message)
         if r.notes:
             ET.SubElement(case, "system-out").text = "\n".join(r.notes)
     for dtype, why in unsupported.items():
-        case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{session.target.name}",
-                             name=f"dtype[{dtype}]", time="0")
+        case = ET.SubElement(
+            suite, "testcase", classname=f"ropecheck.{session.target.name}", name=f"dtype[{dtype}]", time="0"
+        )
         ET.SubElement(case, "skipped", message=f"{dtype} not supported: {why}"[:500])
     _write_tree(suite, path)
 
@@ -209,8 +239,15 @@ def _write_tree(suite: ET.Element, path: str) -> None:
 
 def unusable_dict(target: str, reason: str, exit_status: int = 2) -> dict:
     """The JSON record of a run that ended before any verdict: the reason in place of results."""
-    return {"schema_version": SCHEMA_VERSION, "target": target, "verdict": "unusable",
-            "exit_status": exit_status, "reason": reason, "results": [], "environment": environment()}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "target": target,
+        "verdict": "unusable",
+        "exit_status": exit_status,
+        "reason": reason,
+        "results": [],
+        "environment": environment(),
+    }
 
 
 def write_unusable(json_path, junit_path, target: str, reason: str, exit_status: int = 2) -> None:
@@ -221,8 +258,9 @@ def write_unusable(json_path, junit_path, target: str, reason: str, exit_status:
             record = unusable_dict(target, reason, exit_status)
             Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
         if junit_path:
-            suite = ET.Element("testsuite", name=f"ropecheck.{target}", tests="1", failures="0",
-                               errors="1", skipped="0", time="0")
+            suite = ET.Element(
+                "testsuite", name=f"ropecheck.{target}", tests="1", failures="0", errors="1", skipped="0", time="0"
+            )
             case = ET.SubElement(suite, "testcase", classname=f"ropecheck.{target}", name="run", time="0")
             ET.SubElement(case, "error", message=reason[:500]).text = reason
             _write_tree(suite, junit_path)

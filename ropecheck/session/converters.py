@@ -101,6 +101,7 @@ def at_least(low: float, kind: Callable = integer) -> Callable:
         if v < low:
             raise ValueError(f"must be at least {low:g}, got {v}")
         return v
+
     convert.__name__ = kind.__name__
     return convert
 

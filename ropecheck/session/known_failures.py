@@ -37,8 +37,11 @@ class KnownFailure:
     dtypes: tuple[str, ...] = ()
 
     def matches(self, target: str, result) -> bool:
-        return (self.target == target and self.property in ("*", result.property)
-                and (not self.dtypes or result.dtype in self.dtypes))
+        return (
+            self.target == target
+            and self.property in ("*", result.property)
+            and (not self.dtypes or result.dtype in self.dtypes)
+        )
 
 
 def load(paths: Iterable = (DEFAULT_FILE,)) -> list[KnownFailure]:
@@ -54,8 +57,9 @@ def load(paths: Iterable = (DEFAULT_FILE,)) -> list[KnownFailure]:
             missing = {"target", "property", "reason"} - set(entry)
             if missing:
                 raise ValueError(f"{path}: record {number} lacks {', '.join(sorted(missing))}")
-            records.append(KnownFailure(entry["target"], entry["property"], entry["reason"],
-                                        tuple(entry.get("dtypes", ()))))
+            records.append(
+                KnownFailure(entry["target"], entry["property"], entry["reason"], tuple(entry.get("dtypes", ())))
+            )
     return records
 
 
@@ -65,8 +69,7 @@ def apply(target: str, results: list, records: list[KnownFailure]) -> list:
     for result in results:
         record = next((k for k in records if k.matches(target, result)), None)
         if record is not None and result.status == "failed":
-            result = replace(result, status="known",
-                             message=f"known failure: {record.reason}\n  {result.message}")
+            result = replace(result, status="known", message=f"known failure: {record.reason}\n  {result.message}")
         out.append(result)
     return out
 

@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ropecheck.adapters import ADAPTERS
 from ropecheck.calling.execution import describe_exception
 from ropecheck.calling.worker import Worker, WorkerError
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.interface import ARITY, CALL_FORMS, check_call
-from ropecheck.adapters import ADAPTERS
 from ropecheck.targets.builtins import BUILTINS, builtin
 from ropecheck.targets.target import Target
 
@@ -80,10 +80,16 @@ def check_signature(fn, call: str = "x") -> None:
     try:
         signature.bind(*[object()] * ARITY[call])
     except TypeError as exc:
-        hint = "" if call != "x" else "; a kernel called as rope(q, k, positions) or rope(x, cu_seqlens, positions) needs --call qk or --call packed"
+        hint = (
+            ""
+            if call != "x"
+            else "; a kernel called as rope(q, k, positions) or rope(x, cu_seqlens, positions) "
+            "needs --call qk or --call packed"
+        )
         raise TargetLoadError(
             f"the target must accept {CALL_FORMS[call]} (call form {call}); its signature is "
-            f"{getattr(fn, '__name__', 'target')}{signature}: {exc}{hint}") from None
+            f"{getattr(fn, '__name__', 'target')}{signature}: {exc}{hint}"
+        ) from None
 
 
 def _build_adapter(adapter) -> Target:
@@ -123,7 +129,8 @@ def resolve(spec):
     if ":" not in spec:
         raise TargetLoadError(
             f"cannot resolve target {spec!r}: use path/to/file.py:func, package.module:attr "
-            f"or a target name (`ropecheck list` shows them)")
+            f"or a target name (`ropecheck list` shows them)"
+        )
     if os.getcwd() not in sys.path:  # the project's own packages, as `python -m` finds them
         sys.path.append(os.getcwd())
     where, _, attr = spec.rpartition(":")
@@ -135,8 +142,9 @@ def resolve(spec):
     for part in attr.split("."):
         if not hasattr(obj, part):
             public = sorted(n for n in dir(module) if not n.startswith("_"))
-            raise TargetLoadError(f"{where} has no attribute {attr!r} (it has: "
-                                  f"{', '.join(public[:12]) or 'nothing public'})")
+            raise TargetLoadError(
+                f"{where} has no attribute {attr!r} (it has: {', '.join(public[:12]) or 'nothing public'})"
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -148,8 +156,11 @@ def _declared(obj, name: str, call: Optional[str], family: Optional[str]) -> Tar
     if isinstance(obj, Target):
         return obj
     if hasattr(obj, "fn") and not callable(obj):
-        fields = {f: getattr(obj, f) for f in Target.__dataclass_fields__
-                  if f not in ("name", "fn", "executor") and hasattr(obj, f)}
+        fields = {
+            f: getattr(obj, f)
+            for f in Target.__dataclass_fields__
+            if f not in ("name", "fn", "executor") and hasattr(obj, f)
+        }
         if not callable(obj.fn):
             raise TargetLoadError(f"{name} is not callable")
         return Target(name=name, fn=obj.fn, **fields)
@@ -190,8 +201,9 @@ def _target_parts(spec: str, call, family, builtin_options: dict) -> tuple:
     return target.fn, target.with_(fn=None)
 
 
-def load(spec, *, worker: bool = False, call: Optional[str] = None, family: Optional[str] = None,
-         builtin_options=None) -> Target:
+def load(
+    spec, *, worker: bool = False, call: Optional[str] = None, family: Optional[str] = None, builtin_options=None
+) -> Target:
     """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
     process whose calls it makes (a Python object is always built here: a worker cannot
     receive it). Raises TargetLoadError."""

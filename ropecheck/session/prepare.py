@@ -15,10 +15,10 @@ from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.properties.property import FamilyError, smoke_call
 from ropecheck.properties.runner import PROFILES, RunOptions
 from ropecheck.session import known_failures
+from ropecheck.session.loading import is_named
 from ropecheck.session.options import Options, UsageError
 from ropecheck.session.session import Reproduce, Session
 from ropecheck.session.spec import UnusableTarget, build, family_of, header
-from ropecheck.session.loading import is_named
 from ropecheck.targets.target import Target
 
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
@@ -74,9 +74,14 @@ def run_seed(seed: Optional[int], profile: str) -> Optional[int]:
 
 
 def run_options(options: Options, seed: Optional[int]) -> RunOptions:
-    return RunOptions(profile=options.profile, seed=seed, timeout=options.timeout,
-                      max_examples=options.max_examples, strict_layouts=options.strict_layouts,
-                      sizes=options.sizes)
+    return RunOptions(
+        profile=options.profile,
+        seed=seed,
+        timeout=options.timeout,
+        max_examples=options.max_examples,
+        strict_layouts=options.strict_layouts,
+        sizes=options.sizes,
+    )
 
 
 def known_records(options: Options) -> list:
@@ -87,8 +92,14 @@ def known_records(options: Options) -> list:
         raise UsageError(f"--known-failures: {exc}") from None
 
 
-def prepare(options: Options, notify: Callable[[str], None] = lambda line: None, *, seed: Optional[int] = None,
-            target: Optional[Target] = None, pytest_args: Optional[list] = None) -> Session:
+def prepare(
+    options: Options,
+    notify: Callable[[str], None] = lambda line: None,
+    *,
+    seed: Optional[int] = None,
+    target: Optional[Target] = None,
+    pytest_args: Optional[list] = None,
+) -> Session:
     """A session for ``options``: the target built (or ``target``, already built) and
     warmed up in the requested dtypes (default: the target's), its properties chosen, the
     seed settled (``seed``: one already chosen, the pytest controller's), known failures
@@ -127,16 +138,30 @@ def prepare(options: Options, notify: Callable[[str], None] = lambda line: None,
                 unsupported[dtype] = problem
                 notify(f"[yellow]skipping {dtype}: {escape(problem)}[/]")
         if not usable:
-            raise UnusableTarget(f"target {built.name!r} cannot be called in any dtype"
-                                 + (f": {next(iter(unsupported.values()))}" if unsupported else ""))
+            raise UnusableTarget(
+                f"target {built.name!r} cannot be called in any dtype"
+                + (f": {next(iter(unsupported.values()))}" if unsupported else "")
+            )
     except BaseException:
         built.close()
         raise
     seed = run_seed(options.seed if seed is None else seed, options.profile)
-    shown = repr(options.target) if options.target is None or is_named(options.target) else \
-        getattr(options.target, "__name__", "target")
+    shown = (
+        repr(options.target)
+        if options.target is None or is_named(options.target)
+        else getattr(options.target, "__name__", "target")
+    )
     callable_in = built.with_(dtypes=tuple(d for d in built.dtypes if problems.get(d) is None))
-    return Session(callable_in, usable, chosen, run_options(options, seed),
-                   reproduce=Reproduce(options, usable, seed, shown, pytest_args), known=known,
-                   crashes=crashes, unsupported=unsupported, range_probe=family.probes_range(options.properties or ()),
-                   modes=list(options.modes), options=options)
+    return Session(
+        callable_in,
+        usable,
+        chosen,
+        run_options(options, seed),
+        reproduce=Reproduce(options, usable, seed, shown, pytest_args),
+        known=known,
+        crashes=crashes,
+        unsupported=unsupported,
+        range_probe=family.probes_range(options.properties or ()),
+        modes=list(options.modes),
+        options=options,
+    )

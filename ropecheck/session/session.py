@@ -37,8 +37,7 @@ def probe_position_range(target: Target, dtype: str, run: RunOptions, reproduce:
     x = torch.randn(1, 1, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
     caller = target.caller(run.timeout)
     limit = min(MAX_POSITION, target.max_position or MAX_POSITION)
-    found = position_range.find_limit(
-        lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64)), limit)
+    found = position_range.find_limit(lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64)), limit)
     if found is None:
         return result, target
     at, why = found
@@ -53,8 +52,14 @@ class Reproduce:
     """How a failure of this run is rerun alone, as its front door spells it: a
     ``ropecheck check`` command, a ``ropecheck.check(...)`` call, or a pytest command."""
 
-    def __init__(self, options: Options, dtypes: list, seed: Optional[int], shown_target: str = "",
-                 pytest_args: Optional[list] = None):
+    def __init__(
+        self,
+        options: Options,
+        dtypes: list,
+        seed: Optional[int],
+        shown_target: str = "",
+        pytest_args: Optional[list] = None,
+    ):
         self.options, self.dtypes, self.seed = options, dtypes, seed
         self.shown_target, self.pytest_args = shown_target, pytest_args
 
@@ -62,8 +67,11 @@ class Reproduce:
         o = self.options
         if o.door == "pytest":
             args = [a for a in self.pytest_args or [] if not a.startswith("--rope-seed")]
-            return shlex.join(["pytest", *args] + ([f"--rope-seed={self.seed}"] if self.seed is not None else [])
-                              + ["-k", f"{name} and {dtype}"])
+            return shlex.join(
+                ["pytest", *args]
+                + ([f"--rope-seed={self.seed}"] if self.seed is not None else [])
+                + ["-k", f"{name} and {dtype}"]
+            )
         if o.door == "api":
             given = o.keywords()
             words = [self.shown_target] + [f"{k}={v!r}" for k, v in given.items()]
@@ -113,8 +121,14 @@ class Session:
 
     def _crashed(self, prop: Property, dtype: str, mode: str) -> Result:
         """Its smallest call crashes in this dtype: so would every property."""
-        crashed = Result(prop.name, dtype, "failed", prop.formula, message=self.crashes[dtype].split("\n")[0],
-                         counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1])
+        crashed = Result(
+            prop.name,
+            dtype,
+            "failed",
+            prop.formula,
+            message=self.crashes[dtype].split("\n")[0],
+            counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1],
+        )
         crashed.signature, crashed.mode = f"crashed: {crashed.message}", mode
         return crashed
 
@@ -124,8 +138,9 @@ class Session:
         if dtype not in self.ranges:
             target = self.target
             if self.range_probe and dtype not in self.crashes:
-                found, target = probe_position_range(target, dtype, self.run_options,
-                                                     self.reproduce(RANGE_PROBE, "eager", dtype))
+                found, target = probe_position_range(
+                    target, dtype, self.run_options, self.reproduce(RANGE_PROBE, "eager", dtype)
+                )
                 self._record(found, on_result)
             self.ranges[dtype] = target
         return self.ranges[dtype]
@@ -136,8 +151,9 @@ class Session:
             return self._crashed(prop, dtype, mode)
         target = self.target_for(dtype)
         run_in = target if mode == "eager" else replace(target, mode=mode)
-        result = run_property(prop, run_in, dtype, self.run_options,
-                              reproduce_hint=self.reproduce(prop.name, mode, dtype))
+        result = run_property(
+            prop, run_in, dtype, self.run_options, reproduce_hint=self.reproduce(prop.name, mode, dtype)
+        )
         result.mode = mode
         return result
 
@@ -156,8 +172,15 @@ class Session:
             return self._hung(exc, prop.name, prop.formula, dtype, mode)
 
     def _hung(self, exc: TargetHung, name: str, formula: str, dtype: str, mode: str, on_result=lambda r: None):
-        hung = Result(name, dtype, "failed", formula, message=f"{exc}; the run was stopped here",
-                      counterexample=getattr(exc, "case", ""), mode=mode)
+        hung = Result(
+            name,
+            dtype,
+            "failed",
+            formula,
+            message=f"{exc}; the run was stopped here",
+            counterexample=getattr(exc, "case", ""),
+            mode=mode,
+        )
         self.stopped = f"the target hung in {name} ({dtype}{'' if mode == 'eager' else ', ' + mode})"
         return self._record(hung, on_result)
 
@@ -206,12 +229,21 @@ def group_causes(results: list[Result]) -> list[dict]:
             r.cause = cause
         first = members[0]
         same_input = first.signature.startswith("input: ")
-        causes.append({"id": cause, "message": first.message, "diagnosis": first.diagnosis,
-                       "counterexample": first.counterexample, "reproduce": first.reproduce,
-                       "properties": list(dict.fromkeys(r.property for r in members)),
-                       "dtypes": list(dict.fromkeys(column_label(r.dtype, r.mode) for r in members)),
-                       # one input failing several checks: what each of them saw
-                       "also": [{"property": r.property, "dtype": column_label(r.dtype, r.mode),
-                                 "message": r.message}
-                                for r in members[1:] if same_input and r.message != first.message]})
+        causes.append(
+            {
+                "id": cause,
+                "message": first.message,
+                "diagnosis": first.diagnosis,
+                "counterexample": first.counterexample,
+                "reproduce": first.reproduce,
+                "properties": list(dict.fromkeys(r.property for r in members)),
+                "dtypes": list(dict.fromkeys(column_label(r.dtype, r.mode) for r in members)),
+                # one input failing several checks: what each of them saw
+                "also": [
+                    {"property": r.property, "dtype": column_label(r.dtype, r.mode), "message": r.message}
+                    for r in members[1:]
+                    if same_input and r.message != first.message
+                ],
+            }
+        )
     return causes

@@ -16,9 +16,9 @@ from ropecheck.calling import devices
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.interface import TENSOR_FORMS
 from ropecheck.properties.property import Family, FamilyError
-from ropecheck.session.options import FAMILY_PARAMETERS, BY_NAME, Options, UsageError
-from ropecheck.targets.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
+from ropecheck.session.options import BY_NAME, FAMILY_PARAMETERS, Options, UsageError
+from ropecheck.targets.builtins import BUILTINS, DEFAULT_TARGET
 from ropecheck.targets.target import Target
 
 
@@ -45,16 +45,33 @@ def build(options: Options) -> Target:
     if options.family is not None and options.call is not None:  # before anything loads
         _check_call(family_record(options.family), options.call)
     one_d = options.family in (None, "rope")
-    builtin_options = {k: v for k, v in (("base", options.base), ("rotary_dim", options.rotary_dim),
-                                         ("layout", options.layout), ("scaling", options.scaling_parsed))
-                       if v is not None} if one_d and is_named(spec) and spec in BUILTINS else {}
+    builtin_options = (
+        {
+            k: v
+            for k, v in (
+                ("base", options.base),
+                ("rotary_dim", options.rotary_dim),
+                ("layout", options.layout),
+                ("scaling", options.scaling_parsed),
+            )
+            if v is not None
+        }
+        if one_d and is_named(spec) and spec in BUILTINS
+        else {}
+    )
     try:
         devices.require(options.device)
-        target = load(spec, worker=not in_process(options), call=options.call, family=options.family,
-                      builtin_options=builtin_options)
+        target = load(
+            spec,
+            worker=not in_process(options),
+            call=options.call,
+            family=options.family,
+            builtin_options=builtin_options,
+        )
     except (TargetLoadError, ValueError, OSError) as exc:
-        raise UnusableTarget(f"cannot load target {name_of(options)!r}: {exc}" if isinstance(exc, TargetLoadError)
-                             else str(exc)) from None
+        raise UnusableTarget(
+            f"cannot load target {name_of(options)!r}: {exc}" if isinstance(exc, TargetLoadError) else str(exc)
+        ) from None
     try:
         return declare(target, options)
     except BaseException:
@@ -83,20 +100,28 @@ def declare(target: Target, options: Options) -> Target:
         devices.require(device)
     except ValueError as exc:
         raise UnusableTarget(str(exc)) from None
-    return target.with_(family=fam.name, call=call, convention=declared.convention, n_axes=declared.n_axes,
-                        head_dims=declared.head_dims or target.head_dims,
-                        rotary_dim=declared.rotary_dim or target.rotary_dim,
-                        dtypes=declared.dtypes or target.dtypes,
-                        max_position=min(limits) if limits else None,
-                        backward=options.backward and target.backward and call in TENSOR_FORMS,
-                        inplace=options.inplace or target.inplace, device=device,
-                        implies={**target.implies, **options.parameters()})
+    return target.with_(
+        family=fam.name,
+        call=call,
+        convention=declared.convention,
+        n_axes=declared.n_axes,
+        head_dims=declared.head_dims or target.head_dims,
+        rotary_dim=declared.rotary_dim or target.rotary_dim,
+        dtypes=declared.dtypes or target.dtypes,
+        max_position=min(limits) if limits else None,
+        backward=options.backward and target.backward and call in TENSOR_FORMS,
+        inplace=options.inplace or target.inplace,
+        device=device,
+        implies={**target.implies, **options.parameters()},
+    )
 
 
 def _check_call(fam: Family, call: str) -> None:
     if call not in fam.calls:
-        raise UnusableTarget(f"--call {call} is not available with --family {fam.name} (it takes "
-                             f"{', '.join('--call ' + f for f in fam.calls)})")
+        raise UnusableTarget(
+            f"--call {call} is not available with --family {fam.name} (it takes "
+            f"{', '.join('--call ' + f for f in fam.calls)})"
+        )
 
 
 def header(target: Target, options: Optional[Options] = None) -> str:
@@ -105,11 +130,17 @@ def header(target: Target, options: Optional[Options] = None) -> str:
     fam = family_record(target.family)
     if fam.name == "rope":
         if target.convention is None:
-            return ("[yellow]No --layout given: running spec-free checks only "
-                    "(no comparison with the float64 reference).[/]")
+            return (
+                "[yellow]No --layout given: running spec-free checks only "
+                "(no comparison with the float64 reference).[/]"
+            )
         return f"Convention: {target.convention.flags()}"
-    run = [w for name in ("max_position", "device", "backward", "in_process")
-           if options is not None and name in options.given for w in BY_NAME[name].shown(options[name])]
+    run = [
+        w
+        for name in ("max_position", "device", "backward", "in_process")
+        if options is not None and name in options.given
+        for w in BY_NAME[name].shown(options[name])
+    ]
     flags = " ".join(["--call", target.call] * (target.call != fam.calls[0]) + family_words(target.implies) + run)
     return f"Family {fam.name}" + (f": {flags}" if flags else "")
 

@@ -19,8 +19,9 @@ from ropecheck.targets.target import Target
 NO_SCALING = Scaling()
 
 
-def _inv_freq(rotary_dim: int, base: float, scaling: Scaling = NO_SCALING,
-              positions: torch.Tensor | None = None) -> torch.Tensor:
+def _inv_freq(
+    rotary_dim: int, base: float, scaling: Scaling = NO_SCALING, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """theta_i = base^(-2i/r) in float32, the way every library writes it; with a position
     scaling, the reference's scaled theta_i rounded to float32 (dynamic scalings read the
     sequence length, largest position + 1, from ``positions``)."""
@@ -30,8 +31,7 @@ def _inv_freq(rotary_dim: int, base: float, scaling: Scaling = NO_SCALING,
     return torch.from_numpy(scaling.inv_freq(rotary_dim, base, seq_len)).to(torch.float32)
 
 
-def _angles(positions: torch.Tensor, rotary_dim: int, base: float,
-            scaling: Scaling = NO_SCALING) -> torch.Tensor:
+def _angles(positions: torch.Tensor, rotary_dim: int, base: float, scaling: Scaling = NO_SCALING) -> torch.Tensor:
     """(batch, seq, 1, r/2) float32 angles m * theta_i."""
     theta = _inv_freq(rotary_dim, base, scaling, positions).to(positions.device)
     return (positions.to(torch.float32)[..., None] * theta)[:, :, None, :]
@@ -88,7 +88,7 @@ def make_matrix(base: float = reference.DEFAULT_BASE, rotary_dim=None, scaling=N
         blocks = torch.stack((torch.stack((cos, -sin), -1), torch.stack((sin, cos), -1)), -2)
         matrix = torch.zeros(*phi.shape[:2], r, r, dtype=torch.float32)
         for i in range(r // 2):
-            matrix[:, :, 2 * i:2 * i + 2, 2 * i:2 * i + 2] = blocks[:, :, i]
+            matrix[:, :, 2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = blocks[:, :, i]
         out = torch.einsum("bsij,bshj->bshi", matrix, rot.float())
         return torch.cat((out.to(x.dtype), tail), dim=-1)
 
@@ -104,8 +104,10 @@ class CachedRotary:
 
     def __init__(self, base: float = reference.DEFAULT_BASE, rotary_dim=None, scaling=NO_SCALING):
         if scaling.dynamic:
-            raise ValueError("the cached target tabulates fixed frequencies: a dynamic "
-                             f"{scaling.rope_type} scaling needs rotate-half")
+            raise ValueError(
+                "the cached target tabulates fixed frequencies: a dynamic "
+                f"{scaling.rope_type} scaling needs rotate-half"
+            )
         self.base, self.rotary_dim, self.scaling = base, rotary_dim, scaling
         self.amplitude = scaling.attention_factor()
         self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -114,8 +116,7 @@ class CachedRotary:
         cos, _ = self.tables.get(r, (torch.empty(0, r // 2), None))
         if cos.shape[0] < min(needed, self.TABLE_LIMIT):
             size = min(max(needed, 2 * cos.shape[0], 64), self.TABLE_LIMIT)
-            freqs = torch.outer(torch.arange(size, dtype=torch.float32),
-                                _inv_freq(r, self.base, self.scaling))
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32), _inv_freq(r, self.base, self.scaling))
             self.tables[r] = (freqs.cos(), freqs.sin())
         return self.tables[r]
 
@@ -138,10 +139,8 @@ class CachedRotary:
 
 
 BUILTINS = {
-    "rotate-half": ("half", make_rotate_half,
-                    "ChatGLM / GPT-NeoX / HF rotate_half, cos/sin cast to x's dtype"),
-    "llama-complex": ("interleaved", make_llama_complex,
-                      "Meta LLaMA freqs_cis with view_as_complex"),
+    "rotate-half": ("half", make_rotate_half, "ChatGLM / GPT-NeoX / HF rotate_half, cos/sin cast to x's dtype"),
+    "llama-complex": ("interleaved", make_llama_complex, "Meta LLaMA freqs_cis with view_as_complex"),
     "matrix": ("interleaved", make_matrix, "explicit block-diagonal rotation matrix"),
     "cached": ("half", CachedRotary, "cos/sin table grown on demand, gathered by position"),
     **triton_builtins.BUILTIN_ENTRIES,  # "triton", "triton-interleaved", "triton-qk", "triton-packed"
@@ -151,12 +150,19 @@ BUILTIN_FORMS = dict(triton_builtins.BUILTIN_FORMS)
 DEFAULT_TARGET = "rotate-half"
 
 
-def builtin(name: str, base: float = reference.DEFAULT_BASE, rotary_dim=None,
-            layout=None, scaling: Scaling = NO_SCALING) -> Target:
+def builtin(
+    name: str, base: float = reference.DEFAULT_BASE, rotary_dim=None, layout=None, scaling: Scaling = NO_SCALING
+) -> Target:
     """Build a built-in target; a layout other than its own is refused."""
     own_layout, factory, description = BUILTINS[name]
     if layout is not None and layout != own_layout:
         raise ValueError(f"built-in target {name!r} uses the {own_layout} layout, not {layout}")
     convention = Convention(own_layout, base, rotary_dim, scaling)
-    return Target(name=name, fn=factory(base, rotary_dim, scaling), convention=convention,
-                  rotary_dim=rotary_dim, description=description, **BUILTIN_FORMS.get(name, {}))
+    return Target(
+        name=name,
+        fn=factory(base, rotary_dim, scaling),
+        convention=convention,
+        rotary_dim=rotary_dim,
+        description=description,
+        **BUILTIN_FORMS.get(name, {}),
+    )

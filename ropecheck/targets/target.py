@@ -63,8 +63,7 @@ class Target:
         if self.convention is not None and getattr(self.convention, "rotary_dim", None) is not None:
             object.__setattr__(self, "rotary_dim", self.convention.rotary_dim)
         if self.max_position is not None and self.max_position < MIN_MAX_POSITION:
-            raise ValueError(f"{self.name}: max_position must be at least {MIN_MAX_POSITION}, "
-                             f"got {self.max_position}")
+            raise ValueError(f"{self.name}: max_position must be at least {MIN_MAX_POSITION}, got {self.max_position}")
 
     def __call__(self, *args):
         return self.fn(*args)

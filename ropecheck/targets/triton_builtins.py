@@ -33,11 +33,14 @@ def factory(layout: str, call: str = "x"):
         from ropecheck.kernels.triton_env import interpreted
 
         def launch(**tensors):
-            if not interpreted() and any(t is not None and t.device.type == "cpu"
-                                         for t in tensors.values()):
+            if not interpreted() and any(t is not None and t.device.type == "cpu" for t in tensors.values()):
                 # compiled kernels need CUDA tensors: the suite's CPU inputs make the round trip
-                out = apply_rope(**{name: None if t is None else t.cuda() for name, t in tensors.items()},
-                                 layout=layout, base=base, rotary_dim=rotary_dim)
+                out = apply_rope(
+                    **{name: None if t is None else t.cuda() for name, t in tensors.items()},
+                    layout=layout,
+                    base=base,
+                    rotary_dim=rotary_dim,
+                )
                 return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
             return apply_rope(**tensors, layout=layout, base=base, rotary_dim=rotary_dim)
 
@@ -56,11 +59,14 @@ def factory(layout: str, call: str = "x"):
 
 
 # name -> (layout, factory, description), as ropecheck.builtins.BUILTINS holds them
-BUILTIN_ENTRIES = {name: (layout, factory(layout, call), description(layout, call))
-                   for name, layout, call in (("triton", "half", "x"),
-                                              ("triton-interleaved", "interleaved", "x"),
-                                              ("triton-qk", "half", "qk"),
-                                              ("triton-packed", "half", "packed"))}
+BUILTIN_ENTRIES = {
+    name: (layout, factory(layout, call), description(layout, call))
+    for name, layout, call in (
+        ("triton", "half", "x"),
+        ("triton-interleaved", "interleaved", "x"),
+        ("triton-qk", "half", "qk"),
+        ("triton-packed", "half", "packed"),
+    )
+}
 # name -> the Target fields of a built-in not in the canonical call form
-BUILTIN_FORMS = {"triton-qk": {"call": "qk", "k_optional": True},
-                 "triton-packed": {"call": "packed"}}
+BUILTIN_FORMS = {"triton-qk": {"call": "qk", "k_optional": True}, "triton-packed": {"call": "packed"}}
