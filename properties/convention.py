@@ -116,13 +116,13 @@ class XposConvention:
 
     def scores(self, q64, k64, positions) -> np.ndarray:
         """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
+        kw: dict = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         return scores(apply_xpos(q64, positions, role="query", **kw), apply_xpos(k64, positions, role="key", **kw))
 
     def gradient_scores(self, gq64, gk64, positions) -> np.ndarray:
         """Reference dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i for the
         VJP at positions m, n: xPos with the roles swapped at -m, -n (the key role scales by
         zeta^(+m/s), R_{-m} = R_m^T)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
+        kw: dict = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         negated = -np.asarray(positions)
         return scores(apply_xpos(gq64, negated, role="key", **kw), apply_xpos(gk64, negated, role="query", **kw))

@@ -137,6 +137,7 @@ def _suspect(probe: Probe, candidate: Candidate, option, model: Model, score: fl
     small = np.abs(probe.positions) <= SMALL
     largest = int(probe.positions.max())
     if candidate.exact:
+        assert model.positions is not None  # an exact candidate rotates by positions of its own
         rel = _relative(probe, model, small & (np.abs(model.positions) <= SMALL))
         text = (
             f"{cause} (it equals {what} to {rel:.0e} at positions 0..{SMALL}, and to "

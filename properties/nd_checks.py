@@ -241,12 +241,12 @@ def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
 )
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.axes_array()
-    q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
+    steps = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
     once = ctx.rope(x, ctx.positions(p))
-    twice = ctx.f(once, q)
-    direct = ctx.f(x, p + q)
+    twice = ctx.f(once, steps)
+    direct = ctx.f(x, p + steps)
     n = _norms(as_float64(x))
-    bound = n * (ctx.eps(p) + ctx.eps(q) + ctx.eps(p + q))[..., 0][..., None] + 3 * ctx.model.floor
+    bound = n * (ctx.eps(p) + ctx.eps(steps) + ctx.eps(p + steps))[..., 0][..., None] + 3 * ctx.model.floor
     return assert_close(
         _norms(twice - direct),
         0.0,
@@ -294,6 +294,7 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
 )
 def nd_reference(ctx: NDContext, case: Case) -> float:
     conv = convention_for(ctx.target, case.head_dim)
+    assert conv is not None  # needs_convention
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)

@@ -49,7 +49,7 @@ def find_limit(call: Callable[[int], None], limit: int) -> Optional[tuple[int, s
             low, high = (low, middle) if refused(middle) else (middle, high)
     except CallError:  # a crash is not a range limit
         return None
-    return high, said[high]
+    return high, said[high] or ""
 
 
 def finding(limit_at: int, why: str) -> str:

@@ -70,7 +70,7 @@ def shift_invariance(attn: Callable, d: int = 8, n: int = 7, seed: int = 0) -> b
     return all(np.allclose(attn(q, k, v, p + c), a, rtol=1e-9, atol=1e-9 * np.abs(a).max()) for c in SHIFTS)
 
 
-CHECKS = {
+CHECKS: dict[str, Callable[..., bool]] = {
     "relativity": relativity,
     "norm": norm,
     "relative-bias": relative_bias,

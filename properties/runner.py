@@ -9,7 +9,7 @@ import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
@@ -107,10 +107,16 @@ class RunOptions:
     @property
     def sizes_flag(self) -> list:
         """``--sizes`` as a reproduce line needs it: nothing where the profile implies them."""
-        return [] if self.sizes == profile_sizes(self.profile) else ["--sizes", self.sizes.spec()]
+        return [] if self.sizes == profile_sizes(self.profile) else ["--sizes", self.drawn_sizes.spec()]
+
+    @property
+    def drawn_sizes(self) -> Sizes:
+        """The sizes inputs are drawn at (``sizes``, settled by __post_init__)."""
+        assert isinstance(self.sizes, Sizes)
+        return self.sizes
 
     def settings(self) -> settings:
-        chosen = dict(PROFILES[self.profile])
+        chosen: dict[str, Any] = dict(PROFILES[self.profile])
         if self.max_examples is not None:
             chosen["max_examples"] = self.max_examples
         if self.seed is not None:
@@ -127,8 +133,9 @@ class RunOptions:
 
 def failures_in(exc: BaseException) -> list:
     """Hypothesis reports several distinct failures as an ExceptionGroup: all of them."""
-    if getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
-        return [leaf for sub in exc.exceptions for leaf in failures_in(sub)]
+    group = getattr(exc, "exceptions", None)  # (Base)ExceptionGroup, or its backport
+    if group:
+        return [leaf for sub in group for leaf in failures_in(sub)]
     return [exc]
 
 
@@ -210,7 +217,7 @@ def run_property(
     if not applies:
         result.status, result.message = "skipped", why
         return result
-    ctx = prop.context(target, dtype, options.timeout, options.sizes)
+    ctx = prop.context(target, dtype, options.timeout, options.drawn_sizes)
     seen = Seen()
 
     @st.composite
@@ -294,6 +301,7 @@ def _run(
     except (Exception, _ShrinkBudgetSpent) as raised:
         budget_spent = isinstance(raised, _ShrinkBudgetSpent)
         if budget_spent:
+            assert seen.latest is not None  # the budget runs only once a failure was seen
             drawn, exc = seen.latest
         else:
             exc = failures_in(raised)[0]

@@ -104,17 +104,19 @@ def parse(spec: str) -> Sizes:
         key = key.strip().replace("-", "_")
         if key not in keys or not value:
             raise ValueError(f"--sizes: expected key=value with key one of {', '.join(keys)}, got {item!r}")
+        parsed: object
         if key == "huge":
             if value not in ("auto", "yes", "no"):
                 raise ValueError(f"--sizes huge: auto, yes or no, got {value!r}")
             parsed = value
         else:
-            parsed = _positive_ints(key, value)
+            numbers = _positive_ints(key, value)
+            parsed = numbers
             if key in ("max_seq", "max_elements"):
-                if len(parsed) != 1:
+                if len(numbers) != 1:
                     raise ValueError(f"--sizes {key}: one integer, got {value!r}")
-                parsed = parsed[0]
-        sizes = replace(sizes, **{key: parsed})
+                parsed = numbers[0]
+        sizes = replace(sizes, **{key: parsed})  # type: ignore[arg-type]  # the field's type, checked above
     return sizes
 
 

@@ -140,10 +140,15 @@ POSITION_STEP = 1009  # position-used: a prime step, so no pair's rotation comes
 SCORE_AXES = ("batch", "q head", "query", "key")
 
 
+def max_position(target: Subject) -> int:
+    """The largest position an xPos check uses: the target's, at most XPOS_MAX_POSITION."""
+    return min(target.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION)
+
+
 def position_step(target: Subject) -> int:
     """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
     half the declared range for the inputs."""
-    return prime_step(POSITION_STEP, target.max_position // 2)
+    return prime_step(POSITION_STEP, max_position(target) // 2)
 
 
 def xpos_cases(target: Subject, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
@@ -152,7 +157,7 @@ def xpos_cases(target: Subject, dtype: str, min_seq: int = 1, headroom: int = 0,
     storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
     spread over the range. At production ``sizes``: their heads and q/k ratios, sequences
     up to SCORES_MAX_SEQ (every xPos check compares scores)."""
-    top = target.max_position - headroom
+    top = max_position(target) - headroom
     longest = min(sizes.max_seq, SCORES_MAX_SEQ)
 
     @st.composite
@@ -201,7 +206,7 @@ class XposContext(FamilyContext):
         conv, model = self.target.convention, self.model
         m = np.abs(positions).astype(np.float64)
         rotation = math.sqrt(2.0) * model.relative_bound(model.angle_error(m, inv_freq(head_dim, conv.base)))
-        power = np.maximum(m, self.target.max_position - m)[..., None] / conv.scale_base
+        power = np.maximum(m, max_position(self.target) - m)[..., None] / conv.scale_base
         ln_zeta = np.abs(np.log(xpos_zeta(head_dim, conv.gamma)))
         scale = U32 * (SCALE_POW_CONST + power * (ln_zeta + ZETA_CONST))
         return rotation + XPOS_OPS * model.unit + scale
@@ -238,7 +243,7 @@ def _xpos_fixed(prop, ctx: XposContext) -> list:
     serves q heads 2j and 2j + 1, in storages of their own), where a kernel that gives a q
     group the wrong k head shows; the draws have it rarely. Positions 0, 1, top / 4, top / 2,
     top the largest the property draws."""
-    top = ctx.target.max_position - _headroom(prop, ctx.target)
+    top = max_position(ctx.target) - _headroom(prop, ctx.target)
     case = Case(
         ctx.dtype,
         1,
@@ -337,7 +342,7 @@ def xpos_reference_scores(ctx: XposContext, case: Case) -> float:
     extras=lambda ctx, case: st.fixed_dictionaries(
         {
             "c": st.integers(
-                -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max())
+                -int(case.positions_array().min()), max_position(ctx.target) - int(case.positions_array().max())
             )
         }
     ),

@@ -94,7 +94,8 @@ class Report:
         return [r for r in self.results if r.status in ("failed", "error")]
 
     def _render(self, table: bool) -> str:
-        console = Console(file=io.StringIO(), width=110, color_system=None, highlight=False)
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=110, color_system=None, highlight=False)
         if self.session is None:
             console.print(f"ropecheck: {self.reason}", markup=False, soft_wrap=True)
         else:
@@ -107,7 +108,7 @@ class Report:
             console.print(f"ropecheck {self.target}: " + verdict_line(self.session), soft_wrap=True)
         if self.in_process:
             console.print(f"(the target ran in this process: {self.in_process})", markup=False, soft_wrap=True)
-        return console.file.getvalue().strip("\n")
+        return buffer.getvalue().strip("\n")
 
     def summary(self) -> str:
         """The failure text ``ropecheck check`` prints (root causes, each failure with its

@@ -104,7 +104,7 @@ def _hf(name, build, convention, description, **capabilities):
     )
 
 
-LLAMA_SCALINGS = {
+LLAMA_SCALINGS: dict[str, tuple[dict, Scaling, float]] = {
     "hf-llama": ({"rope_type": "default"}, Scaling(), 10000.0),
     "hf-llama-linear": ({"rope_type": "linear", "factor": 4.0}, Linear(4.0), 10000.0),
     "hf-llama-dynamic": ({"rope_type": "dynamic", "factor": 2.0}, DynamicNTK(2.0, 4096), 10000.0),

@@ -98,7 +98,10 @@ def import_bare(module: str):
     if module in sys.modules:
         return sys.modules[module]
     parts = module.split(".")
-    root = importlib.util.find_spec(parts[0]).submodule_search_locations[0]
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{parts[0]} is not an installed package")
+    root = spec.submodule_search_locations[0]
     for depth in range(1, len(parts)):
         name = ".".join(parts[:depth])
         if name not in sys.modules:

@@ -99,7 +99,7 @@ def _default_device() -> str:
     return str(getter()) if getter else "cpu"
 
 
-_STATE = {
+_STATE: dict[str, tuple[Callable, Callable, str]] = {
     # name: (read, restore, how a target changes it)
     "default dtype": (torch.get_default_dtype, torch.set_default_dtype, "torch.set_default_dtype"),
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled, "torch.set_grad_enabled"),
@@ -270,7 +270,7 @@ class Execution:
         :meth:`plain` as ``request.op`` says."""
         r = request
         if r.op == "vjp":
-            return self.vjp(r.args, r.positions, r.grads, r.inplace, r.form, r.device, r.mode)
+            return self.vjp(r.args, r.positions, r.grads or (), r.inplace, r.form, r.device, r.mode)
         if r.op == "plain":
             return self.plain(r.args)
         return self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)

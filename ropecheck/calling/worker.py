@@ -34,7 +34,7 @@ import time
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -147,7 +147,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         reply(Done(outcome))
         return not poisoned
 
-    handlers = {Load: on_load, Call: on_call}
+    handlers: dict[type, Callable[..., bool]] = {Load: on_load, Call: on_call}
     while True:
         try:
             spin_until_ready(conn, None)
@@ -215,6 +215,7 @@ class _Process:
             ready = True
         if not ready:
             self.stop(kill=True)
+            assert timeout is not None  # no timeout: the wait ends only when a message is ready
             raise TargetHung(
                 timeout, f"the target did not return within {timeout:g} s ({during}; its worker process was stopped)"
             )
@@ -303,6 +304,7 @@ class Worker:
                 self.start()
             except WorkerError as exc:
                 return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
+        assert self.current is not None  # started above
         self.current.conn.send_bytes(dumps(Call(request)))
         reply = self.current.receive(request.timeout, during="during the call")
         if isinstance(reply, Failed):

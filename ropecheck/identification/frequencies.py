@@ -204,6 +204,7 @@ def per_frequency(ident, freq: Measured, more):
         return
     measurements = [freq] + ([] if ident.dynamic else more())
     measured, segments = best_segments(measurements)
+    assert measured is not None and segments is not None  # freq's own segments were fitted above
     ident.base = round_within(math.exp(segments.ln_base), segments.d_ln_base)
     ident.base_error = float(math.expm1(segments.d_ln_base))
     ident.base_pairs = segments.pairs

@@ -45,6 +45,7 @@ def record(ident, test, deviation, bound, detail, failure):
 
 
 def check_linear(ident, small: Probe, bounds: Bounds):
+    assert small.extra_outputs is not None and small.extra_inputs is not None  # the small probe has them
     zero_out, vectors, outputs = small.extra_outputs[:, 0], small.extra_inputs[1:], small.extra_outputs[:, 1:]
     p = np.abs(zero_out).max()
     if p > bounds.model.floor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 from rich.console import Console
@@ -69,7 +70,7 @@ def frequency_table(ident) -> Table:
         if column:
             table.add_column(column, justify="right")
     r = 2 * len(ident.pairs)
-    rows = list(range(len(ident.theta)))
+    rows: list[Optional[int]] = list(range(len(ident.theta)))
     if len(rows) > MAX_ROWS:
         rows = rows[: MAX_ROWS // 2] + [None] + rows[-MAX_ROWS // 2 :]
     for k in rows:

@@ -26,8 +26,8 @@ from ropecheck.targets.target import Target
 class Probe:
     positions: np.ndarray  # (P,)
     matrices: np.ndarray  # (P, d, d): M[m][:, j] = f(e_j, m)
-    extra_inputs: np.ndarray = None  # (k, d) the vectors after the basis
-    extra_outputs: np.ndarray = None  # (P, k, d)
+    extra_inputs: Optional[np.ndarray] = None  # (k, d) the vectors after the basis
+    extra_outputs: Optional[np.ndarray] = None  # (P, k, d)
 
 
 def basis_input(positions, head_dim: int, extra: np.ndarray, dtype: str):
@@ -55,11 +55,12 @@ def linearity_vectors(head_dim: int) -> np.ndarray:
 def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
     """The first (dtype, head_dim) the target accepts, float64 first; UnusableTarget when
     it raises on all; NotRotary when it returns but always breaks the call contract."""
-    head_dims = PROBE_HEAD_DIMS
+    head_dims: tuple[int, ...] = PROBE_HEAD_DIMS
     if target.rotary_dim:
         r = target.rotary_dim
         head_dims = (2 * r, r) + tuple(h for h in PROBE_HEAD_DIMS if h > r and h != 2 * r)
-    raised, broken = [], []
+    raised: list[str] = []
+    broken: list[str] = []
     for dtype in (d for d in PROBE_DTYPES if d in target.dtypes):
         for head_dim in head_dims:
             try:

@@ -92,9 +92,9 @@ class Identification:
     @property
     def options(self) -> dict:
         """The same convention as ``ropecheck.check`` keywords ({} when none can describe it)."""
-        if not self.flags:
+        if not self.flags or self.base is None:
             return {}
-        out = {"layout": self.layout, "base": float(self.base)}
+        out: dict = {"layout": self.layout, "base": float(self.base)}
         if self.rotary_dim is not None and self.rotary_dim < self.head_dim:
             out["rotary_dim"] = self.rotary_dim
         if self.named_scalings:

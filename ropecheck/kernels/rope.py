@@ -142,7 +142,7 @@ def apply_rope(
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"unsupported dtype {q.dtype}")
     if isinstance(offsets, torch.Tensor):
-        sequences = cu_seqlens.numel() - 1 if packed else q.shape[0]
+        sequences = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         if offsets.shape != (sequences,):
             raise ValueError(f"offsets must have shape ({sequences},), got {tuple(offsets.shape)}")
     plan = _Plan(q, positions, offsets, cu_seqlens, max_seqlen, layout, base, rotary_dim)

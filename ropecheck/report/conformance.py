@@ -158,7 +158,7 @@ def to_json(reports: list[TargetReport], unavailable: dict, env: dict) -> dict:
 def _cell(summary: dict) -> str:
     if summary["verdict"] == "not callable":
         return "not callable"
-    counts = {}
+    counts: dict[str, int] = {}
     for p in summary["properties"].values():
         counts[p["status"]] = counts.get(p["status"], 0) + 1
     verdict = {"passed": "pass", "failed": "**FAIL**", "known": "known", "error": "ERROR"}[summary["verdict"]]

@@ -102,7 +102,7 @@ def _build_adapter(adapter) -> Target:
         raise TargetLoadError(f"building target {adapter.name!r} failed: {_describe(exc)}") from exc
 
 
-def target_name(spec) -> str:
+def target_name(spec) -> Optional[str]:
     """How a target is named in tables and records: its spec string, or for a Python object
     its ``module:qualified.name`` (a Target: its own name)."""
     if spec is None or isinstance(spec, str):
@@ -188,7 +188,7 @@ def load_here(spec, call: Optional[str] = None, family: Optional[str] = None, bu
     elif is_named(spec) and spec in ADAPTERS:
         target = _build_adapter(ADAPTERS[spec])
     else:
-        return _declared(resolve(spec), target_name(spec), call, family)
+        return _declared(resolve(spec), target_name(spec) or "target", call, family)
     if call is not None and call != target.call:
         check_signature(target.fn, call)
         target = target.with_(call=call)

@@ -220,7 +220,7 @@ def group_causes(results: list[Result]) -> list[dict]:
     for r in results:
         if r.status == "failed" and r.signature:
             groups.setdefault(r.signature, []).append(r)
-    causes = []
+    causes: list[dict] = []
     for members in groups.values():
         if len(members) < 2:
             continue

@@ -146,7 +146,7 @@ BUILTINS = {
     **triton_builtins.BUILTIN_ENTRIES,  # "triton", "triton-interleaved", "triton-qk", "triton-packed"
 }
 # the call form (Target.call) of built-ins not called as rope(x, positions)
-BUILTIN_FORMS = dict(triton_builtins.BUILTIN_FORMS)
+BUILTIN_FORMS: dict[str, dict] = dict(triton_builtins.BUILTIN_FORMS)
 DEFAULT_TARGET = "rotate-half"
 
 

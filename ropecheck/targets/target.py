@@ -75,7 +75,13 @@ class Target:
     def caller(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
         """The target called under the contract (``properties.interface.Rope``), in its
         executor: its worker, or this process."""
-        executor = self.executor or InProcess(self.fn)
+        executor: Executor
+        if self.executor is not None:
+            executor = self.executor
+        elif self.fn is not None:
+            executor = InProcess(self.fn)
+        else:
+            raise ValueError(f"{self.name}: a target with neither a callable nor an executor cannot be called")
         if not self.takes_tensors:
             return PlainCaller(executor, timeout)
         return Caller(executor, self.call, timeout, self.inplace, self.device, self.mode)

@@ -69,4 +69,4 @@ BUILTIN_ENTRIES = {
     )
 }
 # name -> the Target fields of a built-in not in the canonical call form
-BUILTIN_FORMS = {"triton-qk": {"call": "qk", "k_optional": True}, "triton-packed": {"call": "packed"}}
+BUILTIN_FORMS: dict[str, dict] = {"triton-qk": {"call": "qk", "k_optional": True}, "triton-packed": {"call": "packed"}}
