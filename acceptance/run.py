@@ -59,6 +59,8 @@ def check_entry(name: str, args: list) -> dict:
             record["output"] = tail
             return record
     record["verdict"] = data.get("verdict")
+    if data.get("stopped"):  # a call past the time limit stopped the run (on a loaded machine: rerun it)
+        record["stopped"] = data["stopped"]
     record["unsupported"] = sorted(data.get("unsupported_dtypes") or {})
     record["cells"] = {f"{r['property']} | {r['dtype']} | {r.get('mode', 'eager')}": r["status"]
                        for r in data.get("results", [])}
