@@ -52,7 +52,11 @@ step() {  # step WHAT COMMAND...
 rm -f "$dir"/*.whl
 step "liger-kernel 0.8.5" "$py" -m pip download --disable-pip-version-check --no-deps \
     --only-binary=:all: "${platform[@]}" -d "$dir" liger-kernel==0.8.5
-step "ropecheck (this checkout)" "$py" -m pip wheel --disable-pip-version-check --no-deps -w "$dir" .
+src=$(mktemp -d)  # built from a copy: a build in the checkout leaves build/ and *.egg-info
+cp -r pyproject.toml README.md ropecheck properties reference "$src/"
+find "$src" -name __pycache__ -prune -exec rm -rf {} +
+step "ropecheck (this checkout)" "$py" -m pip wheel --disable-pip-version-check --no-deps -w "$dir" "$src"
+rm -rf "$src"
 step "flash-attn 2.8.3.post2 (Python files only, no CUDA build)" \
     env FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
     "$py" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation \
