@@ -3,13 +3,13 @@ the benchmark table, the report and the summary of a GPU run (or of its CPU rehe
 
     python ci/gpu_report.py envelope OUT_DIR [--rehearse]
     python ci/gpu_report.py sanitizer NAME LOG OUT_JSON --expect found|clean [--tool memcheck]
-    python ci/gpu_report.py bench-table BENCH_JSON OUT_MD
+    python ci/gpu_report.py bench-table BENCH_JSON... OUT_MD
     python ci/gpu_report.py report OUT_DIR
     python ci/gpu_report.py summary OUT_DIR
 
 Everything it reads is a file of the run's folder (OUT_DIR): steps.tsv and commands.tsv
 (written by the script), envelope.json, checks/*.json (``ropecheck check --json``),
-sanitizer/*.json, bench/benchmark.json (pytest-benchmark), aot.json
+sanitizer/*.json, bench/benchmark-*.json (pytest-benchmark), aot.json
 (``python -m ropecheck.kernels.aot --json``), logs/*.log. It writes
 OUT_DIR/docs/report-gpu/ (report.md, report.json, benchmarks.md, aot.md, commands.md) and
 OUT_DIR/summary.md. It reports what the files say and nothing else: a step that did not
@@ -168,17 +168,24 @@ def _fmt(value, digits=3) -> str:
     return str(value)
 
 
-def bench_table(bench_json: Path) -> str:
-    """Markdown of a pytest-benchmark JSON file: one row per benchmark, the GPU protocol's
-    extra_info (GB/s, % of copy, errors) when there."""
+def bench_table(*files: Path) -> str:
+    """Markdown of pytest-benchmark JSON files: one row per benchmark, the GPU protocol's
+    extra_info (GB/s, % of copy, errors) when there. A file that was not written is named."""
+    parts = []
+    for bench_json in files:
+        parts.append(_bench_table(Path(bench_json)))
+    return "\n".join(parts) if parts else "No benchmark results.\n"
+
+
+def _bench_table(bench_json: Path) -> str:
     if not bench_json.exists():
-        return f"No benchmark results: {bench_json.name} was not written (see logs/bench.log).\n"
+        return f"No benchmark results: {bench_json.name} was not written (see logs/bench*.log).\n"
     data = json.loads(bench_json.read_text())
     rows = data.get("benchmarks", [])
     if not rows:
-        return "No benchmark ran (see logs/bench.log).\n"
+        return f"{bench_json.name}: no benchmark ran (see logs/bench*.log).\n"
     machine = data.get("machine_info", {})
-    lines = [f"pytest-benchmark {data.get('version', '?')}, {data.get('datetime', '?')}, "
+    lines = [f"{bench_json.name}: pytest-benchmark {data.get('version', '?')}, {data.get('datetime', '?')}, "
              f"{machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}", ""]
     gpu = any("gb_per_s" in row.get("extra_info", {}) for row in rows)
     if gpu:
@@ -282,7 +289,8 @@ def report(out: Path) -> None:
     checks = [_check_summary(p) for p in sorted((out / "checks").glob("*.json"))]
     sanitized = [json.loads(p.read_text()) for p in sorted((out / "sanitizer").glob("*.json"))]
     aot = json.loads((out / "aot.json").read_text()) if (out / "aot.json").exists() else None
-    bench_md = bench_table(out / "bench" / "benchmark.json")
+    bench_files = sorted((out / "bench").glob("benchmark-*.json"))
+    bench_md = bench_table(*bench_files) if bench_files else "No benchmark results were written.\n"
     (docs / "benchmarks.md").write_text(bench_md)
     (docs / "commands.md").write_text("# Commands of the run\n\n" + "".join(
         f"- `{c['step']}`: `{c['command']}`\n" for c in commands))
@@ -353,7 +361,7 @@ def report(out: Path) -> None:
     (docs / "report.md").write_text("\n".join(md) + "\n")
     (docs / "report.json").write_text(json.dumps(
         {"mode": "rehearsal" if rehearse else "gpu", "envelope": env, "steps": steps, "checks": checks,
-         "sanitizer": sanitized, "benchmark_file": "bench/benchmark.json",
+         "sanitizer": sanitized, "benchmark_files": [f"bench/{p.name}" for p in bench_files],
          "aot": aot, "commands": commands}, indent=1, default=str))
     print(f"wrote {docs}/report.md, report.json, benchmarks.md, commands.md" + (", aot.md" if aot else ""))
 
@@ -371,8 +379,7 @@ def main(argv=None) -> int:
     p.add_argument("--expect", choices=("found", "clean"), required=True)
     p.add_argument("--tool", default="memcheck")
     p = sub.add_parser("bench-table")
-    p.add_argument("bench_json", type=Path)
-    p.add_argument("out_md", type=Path)
+    p.add_argument("files", type=Path, nargs="+", help="pytest-benchmark JSON files, then the markdown to write")
     for name in ("report", "summary"):
         sub.add_parser(name).add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -381,8 +388,9 @@ def main(argv=None) -> int:
     elif args.command == "sanitizer":
         return sanitizer_record(args.name, args.log, args.out_json, args.expect, args.tool)
     elif args.command == "bench-table":
-        text = bench_table(args.bench_json)
-        args.out_md.write_text(text)
+        *jsons, out_md = args.files
+        text = bench_table(*jsons)
+        out_md.write_text(text)
         print(text)
     elif args.command == "report":
         report(args.out)

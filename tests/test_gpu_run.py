@@ -25,11 +25,12 @@ from ropecheck.kernels.triton_env import triton_missing
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "gpu-run.sh"
 STEPS = ["install", "envelope", "kernel-tests", "aot", "sanitize-past_row_read", "sanitize-triton",
-         "bench", "check-triton-eager", "report"]
+         "bench", "bench-compiled", "check-triton-eager", "report"]
 FILES = ["summary.md", "steps.tsv", "commands.tsv", "envelope.json", "REHEARSAL", "aot.json",
          "kernel-tests.xml", "checks/triton-eager.json", "checks/triton-eager.xml",
          "sanitizer/past_row_read.json", "sanitizer/past_row_read.memcheck.log",
-         "sanitizer/triton.json", "bench/benchmark.json", "bench/benchmarks.md",
+         "sanitizer/triton.json", "bench/benchmark-main.json", "bench/benchmark-compiled.json",
+         "bench/benchmarks.md",
          "docs/report-gpu/report.md", "docs/report-gpu/report.json", "docs/report-gpu/benchmarks.md",
          "docs/report-gpu/aot.md", "docs/report-gpu/commands.md", "gpu-run.tar.gz"]
 
@@ -96,7 +97,8 @@ def test_rehearsal_records_say_what_ran(rehearsal):
     assert main and (main[0]["widest_load"], main[0]["widest_store"]) == (128, 128)
     md = (out / "docs/report-gpu/report.md").read_text()
     assert "Rehearsal on CPU" in md and "| triton | cpu | ci | float32 | eager | passed |" in md
-    assert "test_apply_rope_throughput[half]" in (out / "docs/report-gpu/benchmarks.md").read_text()
+    benchmarks = (out / "docs/report-gpu/benchmarks.md").read_text()
+    assert "test_apply_rope_throughput[half]" in benchmarks and "test_apply_rope_throughput[interleaved]" in benchmarks
     commands = (out / "docs/report-gpu/commands.md").read_text()
     assert "--device cpu --profile ci --dtype float32" in commands and "--internal sanitize-sample" in commands
 
