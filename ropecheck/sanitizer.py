@@ -106,7 +106,9 @@ def wrap(argv: Sequence[str], tool: str = "memcheck", *, log_file: Optional[str]
     e.g. ``("--kernel-name", "regex:rope")``. ``executable``: the sanitizer to run
     (default ``find_executable()``, else the bare name).
 
-    Child processes are followed (``--target-processes all``) and the sanitizer's own
+    Child processes are followed (``--target-processes all``; those that never use CUDA,
+    such as Triton's ptxas, are not errors: ``--require-cuda-init no``), backtraces are
+    left out (one line per report is what ``parse`` keeps), and the sanitizer's own
     options end with ``--`` so that nothing in ``argv`` is taken for one."""
     if tool not in TOOLS:
         raise ValueError(f"unknown compute-sanitizer tool {tool!r}; one of {', '.join(TOOLS)}")
@@ -116,7 +118,7 @@ def wrap(argv: Sequence[str], tool: str = "memcheck", *, log_file: Optional[str]
         raise ValueError(f"print_limit must be >= 0, got {print_limit}")
     command = [executable or find_executable() or EXECUTABLE, "--tool", tool,
                "--print-limit", str(int(print_limit)), "--error-exitcode", str(int(error_exitcode)),
-               "--target-processes", "all", "--show-backtrace", "no"]
+               "--target-processes", "all", "--require-cuda-init", "no", "--show-backtrace", "no"]
     if tool == "memcheck":
         pad = PADDING if padding is None else int(padding)
         if pad:

@@ -133,3 +133,14 @@ def test_sass_widths():
         /*00d0*/                   LDL R3, [R1] ;
     """
     assert read_sass(sass) == {"loads": {64: 1, 128: 1}, "stores": {16: 1}, "local_instructions": 2}
+
+
+def test_the_module_imports_only_ropecheck_kernels():
+    from pathlib import Path
+
+    from ropecheck.kernels import aot
+    from tests.test_layering import imported_modules
+
+    names = [name for _, name in imported_modules(Path(aot.__file__).read_text(), "ropecheck.kernels.aot")
+             if name.split(".")[0] == "ropecheck"]
+    assert names and all(name.startswith("ropecheck.kernels") for name in names), names

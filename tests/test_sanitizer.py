@@ -40,7 +40,7 @@ def test_wrap_memcheck_puts_the_sanitizer_before_the_worker():
     pairs = dict(zip(options[::2], options[1::2]))
     assert pairs == {"--tool": "memcheck", "--print-limit": str(sanitizer.PRINT_LIMIT),
                      "--error-exitcode": str(sanitizer.ERROR_EXITCODE),
-                     "--target-processes": "all", "--show-backtrace": "no",
+                     "--target-processes": "all", "--require-cuda-init": "no", "--show-backtrace": "no",
                      "--padding": str(sanitizer.PADDING), "--log-file": "/tmp/san-%p.log"}
 
 
@@ -275,3 +275,12 @@ def test_past_head_store_writes_past_its_output(planted, head_dim, stray):
     assert torch.isfinite(out).all()
     past = buffer[x.numel():]
     assert (past[:stray] == 0).all() and torch.isnan(past[stray:]).all()
+
+
+def test_the_module_imports_nothing_else_of_ropecheck():
+    """ropecheck.sanitizer stands alone (the --sanitize option builds on it, not it on ropecheck)."""
+    from tests.test_layering import imported_modules
+
+    source = Path(sanitizer.__file__).read_text()
+    assert [name for _, name in imported_modules(source, "ropecheck.sanitizer")
+            if name.split(".")[0] == "ropecheck"] == []
