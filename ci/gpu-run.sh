@@ -246,12 +246,12 @@ kernel_tests=(-m pytest -q tests/test_triton_kernel.py -p no:cacheprovider -p no
 if [ $quick = 1 ]; then
     kernel_tests+=(-k "(matches_reference and float32 and half and None) or q_and_k_in_one_launch")
 fi
-step kernel-tests 300 "$py" "${kernel_tests[@]}"
+step kernel-tests 240 "$py" "${kernel_tests[@]}"
 
 # -- 4. the kernel compiled ahead of time for sm_90a and sm_80 (the toolchain of this machine)
 aot_scope=ci
 [ $quick = 1 ] && aot_scope=main
-step aot 180 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
+step aot 120 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
     --markdown "$out/docs/report-gpu/aot.md"
 
 # -- 5. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean)
@@ -267,14 +267,14 @@ for entry in "${sanitized[@]}"; do
             "tests/data/sanitizer/$sample.txt"
     else
         # shellcheck disable=SC2086  # the target's words
-        step "sanitize-$name" 240 "${self[@]}" --internal sanitize "$name" "$expect" "$out" "$py" \
+        step "sanitize-$name" 180 "${self[@]}" --internal sanitize "$name" "$expect" "$out" "$py" \
             $target --device cuda --profile ci --dtype bfloat16 --max-examples 3 --timeout 120
     fi
 done
 
 # -- 6. the benchmarks, with the copy baseline
-step bench 360 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
-step bench-compiled 240 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
+step bench 300 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
+step bench-compiled 180 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
 
 # -- 7. ropecheck check over every GPU target, one step per target and mode (a time box
 # that stops one keeps the others' records)

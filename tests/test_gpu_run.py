@@ -3,8 +3,9 @@
 eager, the Triton interpreter, the sanitizer step on recorded sample reports), must
 produce every file the GPU run produces, and the summary must say which steps passed.
 
-About 25 to 65 s on this repository's 2-core machine (measured: 24 s alone, 64 s beside
-other work). The GPU run itself cannot be tested here: docs/gpu.md says how it is made."""
+The rehearsal took 25 s on this repository's 2-core machine with little else running and
+40 s beside other work (load average 6); the whole file 36 to 56 s. The GPU run itself
+cannot be tested here: docs/gpu.md says how it is made."""
 
 from __future__ import annotations
 
