@@ -210,9 +210,11 @@ step() {  # step NAME BOX_SECONDS COMMAND...: run it time-boxed, logged and reco
         return 0
     fi
     [ "$box" -gt "$left" ] && box=$left
-    printf '%s\t%s\n' "$name" "$*" >>"$out/commands.tsv"
+    local quoted
+    quoted=$(printf '%q ' "$@")
+    printf '%s\t%s\n' "$name" "${quoted% }" >>"$out/commands.tsv"
     local log=$out/logs/$name.log begin=$SECONDS rc
-    { echo "# $*"; echo "# time box ${box} s"; } >"$log"
+    { echo "# ${quoted% }"; echo "# time box ${box} s"; } >"$log"
     timeout -k 15 "$box" "$@" >>"$log" 2>&1 </dev/null
     rc=$?
     local took=$((SECONDS - begin))
