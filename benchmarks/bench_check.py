@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
-from ropecheck.builtins import builtin
+from ropecheck.targets.builtins import builtin
 
 TARGET = "rotate-half"
 DTYPE = "float32"

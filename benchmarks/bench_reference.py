@@ -43,9 +43,9 @@ def test_reference_check_memory_at_production_size(benchmark, monkeypatch, chunk
 
     import torch
 
-    from ropecheck.properties import checks
+    from ropecheck.properties import checks, one_d
     from ropecheck.properties.cases import Case
-    from ropecheck.target import Convention, Target
+    from ropecheck.targets.target import Convention, Target
 
     # a smoke run (--benchmark-disable, as the test command runs it) takes a small input
     batch, seq, heads, head_dim = (1, 256, 4, 64) if benchmark.disabled else PRODUCTION_SHAPE
@@ -58,7 +58,7 @@ def test_reference_check_memory_at_production_size(benchmark, monkeypatch, chunk
         monkeypatch.setattr(checks, "REFERENCE_CHUNK", x.numel())
 
     def compare():
-        return checks._against_reference(ctx, y, x, p, what="benchmark")
+        return one_d.against_reference(ctx, y, x, p, what="benchmark")
 
     tracemalloc.start()
     assert compare() <= 1.0

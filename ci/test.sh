@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command (the same one README.md gives), plus the CLI's CI profile on
-# the embedded default target with JUnit output.
+# The project's test command (the same one README.md gives): lint, format and type checks,
+# the tests, then the CLI's CI profile on the embedded default target with JUnit output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out
+# lint, format and types of ropecheck/, properties/ and reference/ (pyproject.toml)
+.venv/bin/ruff check
+.venv/bin/ruff format --check
+.venv/bin/mypy
 .venv/bin/python -m pytest -q --junitxml=out/selftest.xml
 .venv/bin/ropecheck check --profile ci --json out/ropecheck.json --junit out/ropecheck.xml

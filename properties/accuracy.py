@@ -1,10 +1,11 @@
 """Accuracy against position: the error profile and the accuracy horizon.
 
 One call at positions 0, 1, 2, 3, 2^k and 3 * 2^(k-1) up to 2^24 (the smallest head size
-drawn, or the declared rotary dimension: the horizon is set by the theta_0 = 1 pair). For each position: the largest error in units of the
-full tolerance model and in units of the *strict* bound (arithmetic only, no float32
-angle allowance). The horizon is the largest position up to which every probed position
-meets the strict bound: how far the target keeps the accuracy of exact angles.
+drawn, or the declared rotary dimension: the horizon is set by the theta_0 = 1 pair). For
+each position: the largest error in units of the full tolerance model and in units of the
+*strict* bound (arithmetic only, no float32 angle allowance). The horizon is the largest
+position up to which every probed position meets the strict bound: how far the target
+keeps the accuracy of exact angles.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ropecheck import reference
+import ropecheck.reference as reference
 from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.interface import CallError
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
-from ropecheck.calling import CallError
 
 SWEEP_HEADS = 4
 
@@ -41,13 +42,17 @@ def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
     head_dim = ctx.target.rotary_dim or FREE_HEAD_DIMS[0]
     positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :]
-    case = Case(ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim,
-                tuple(map(tuple, positions.tolist())), seed=12345)
+    case = Case(
+        ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim, tuple(map(tuple, positions.tolist())), seed=12345
+    )
     x = case.tensor()
     rows = ctx.target.row_offsets  # per-row offsets only: one token per row
     try:
-        y = as_float64(ctx.rope(x.transpose(0, 1), torch.from_numpy(positions.T)) if rows
-                       else ctx.rope(x, torch.from_numpy(positions)))
+        y = as_float64(
+            ctx.rope(x.transpose(0, 1), torch.from_numpy(positions.T))
+            if rows
+            else ctx.rope(x, torch.from_numpy(positions))
+        )
     except CallError as exc:
         return {"error": str(exc)}
     if rows:

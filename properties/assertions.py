@@ -71,7 +71,10 @@ class Tally:
             f"{what}: {self.bad} / {self.size} ({100.0 * self.bad / self.size:.3g} %) outside the bound; "
             f"worst at {_where(index, axes, positions)}: got {got:.9g}, expected "
             f"{expected:.9g}, |difference| {diff:.3g}, allowed {bound:.3g} "
-            f"({self.worst:.3g} x tolerance)", error=self.worst, where=dict(zip(axes, map(int, index))))
+            f"({self.worst:.3g} x tolerance)",
+            error=self.worst,
+            where=dict(zip(axes, map(int, index))),
+        )
 
 
 def assert_close(actual, expected, bound, *, what: str, positions=None, axes=AXES_4D) -> float:
@@ -92,6 +95,9 @@ def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> 
     if worst <= 1.0:
         return worst
     index = np.unravel_index(flat, ratio.shape)
-    raise CheckFailure(f"{what}: at {_where(index, axes, positions)} the difference "
-                       f"{diff[index]:.3g} is within rounding noise {bound[index]:.3g}",
-                       error=worst, where=dict(zip(axes, map(int, index))))
+    raise CheckFailure(
+        f"{what}: at {_where(index, axes, positions)} the difference "
+        f"{diff[index]:.3g} is within rounding noise {bound[index]:.3g}",
+        error=worst,
+        where=dict(zip(axes, map(int, index))),
+    )

@@ -13,17 +13,17 @@ Each family declares the properties it promises (data, not if/else in the checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.properties.interface import CallError, Subject
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
 from ropecheck.reference import multimodal as mm
-from ropecheck.calling import CallError, PlainCaller, executor_of
 
 
 @dataclass(frozen=True)
@@ -51,22 +51,23 @@ def _mrope_next(L, prev, seg, n_axes):
     return prev.max() + 1
 
 
-ALL = frozenset({"contract", "compatibility", "text-runs", "text-after-media", "symmetry",
-                 "equivalence", "reference"})
+ALL = frozenset({"contract", "compatibility", "text-runs", "text-after-media", "symmetry", "equivalence", "reference"})
 FAMILIES = {
     "rope-tie": BuilderFamily("rope-tie", 2, ("image",), ALL - {"equivalence"}, _tie_next),
     "rope-tv": BuilderFamily("rope-tv", 2, ("image",), ALL, _tv_next),
     "rope-tv-3d": BuilderFamily("rope-tv", 3, ("image", "video"), ALL, _tv_next),
-    "mrope": BuilderFamily("mrope", 3, ("image", "video"), ALL - {"symmetry", "equivalence"}, _mrope_next,
-                           adjacent_media=False),
+    "mrope": BuilderFamily(
+        "mrope", 3, ("image", "video"), ALL - {"symmetry", "equivalence"}, _mrope_next, adjacent_media=False
+    ),
 }
 
 
 def family(name: str, n_axes: int | None = None) -> BuilderFamily:
     key = "rope-tv-3d" if name == "rope-tv" and n_axes == 3 else name
     if key not in FAMILIES:
-        raise ValueError(f"unknown builder family {name!r} (with {n_axes} axes); known: rope-tie, "
-                         "rope-tv (2 or 3 axes), mrope")
+        raise ValueError(
+            f"unknown builder family {name!r} (with {n_axes} axes); known: rope-tie, rope-tv (2 or 3 axes), mrope"
+        )
     fam = FAMILIES[key]
     if n_axes not in (None, fam.n_axes):
         raise ValueError(f"{name} builders have {fam.n_axes} axes, not {n_axes}")
@@ -81,8 +82,11 @@ def segments_strategy(fam: BuilderFamily, text_around: bool = False):
     if text_around or not fam.adjacent_media:
         return st.lists(media, min_size=1, max_size=3).flatmap(
             lambda ms: st.lists(text, min_size=len(ms) + 1, max_size=len(ms) + 1).map(
-                lambda ts: [seg for pair in zip(ts, ms + [None]) for seg in pair if seg is not None]
-                [0 if text_around else 1:]))  # without text_around: may start with a medium
+                lambda ts: [seg for pair in zip(ts, ms + [None]) for seg in pair if seg is not None][
+                    0 if text_around else 1 :
+                ]
+            )
+        )  # without text_around: may start with a medium
     return st.lists(st.one_of(text, media), max_size=5)
 
 
@@ -91,9 +95,11 @@ def call_builder(fn, segments, fam: BuilderFamily) -> np.ndarray:
     try:
         out = fn([tuple(s) for s in segments])
     except CallError as exc:  # through ropecheck's calling layer: it says what the target did
-        raise CheckFailure(f"{exc} on {mm.describe_segments(segments)}")
+        raise CheckFailure(f"{exc} on {mm.describe_segments(segments)}") from None
     except Exception as exc:
-        raise CheckFailure(f"the builder raised {type(exc).__name__}: {exc} on {mm.describe_segments(segments)}")
+        raise CheckFailure(
+            f"the builder raised {type(exc).__name__}: {exc} on {mm.describe_segments(segments)}"
+        ) from None
     if isinstance(out, torch.Tensor):
         out = out.detach().cpu().numpy()
     out = np.asarray(out)
@@ -101,8 +107,9 @@ def call_builder(fn, segments, fam: BuilderFamily) -> np.ndarray:
     if out.dtype.kind not in "iuf":
         raise CheckFailure(f"the builder returned dtype {out.dtype}, expected numbers")
     if out.shape != (n, fam.n_axes):
-        raise CheckFailure(f"the builder returned shape {out.shape}, expected ({n}, {fam.n_axes}) "
-                           f"for {mm.describe_segments(segments)}")
+        raise CheckFailure(
+            f"the builder returned shape {out.shape}, expected ({n}, {fam.n_axes}) for {mm.describe_segments(segments)}"
+        )
     out = out.astype(np.float64)
     if not np.isfinite(out).all():
         raise CheckFailure("the builder returned non-finite positions")
@@ -110,8 +117,10 @@ def call_builder(fn, segments, fam: BuilderFamily) -> np.ndarray:
 
 
 def _fail(what, segments, at, got, expected):
-    raise CheckFailure(f"{what} on {mm.describe_segments(segments)}: token {at} at {np.asarray(got).tolist()}, "
-                       f"expected {np.asarray(expected).tolist()}")
+    raise CheckFailure(
+        f"{what} on {mm.describe_segments(segments)}: token {at} at {np.asarray(got).tolist()}, "
+        f"expected {np.asarray(expected).tolist()}"
+    )
 
 
 @dataclass(frozen=True)
@@ -128,59 +137,71 @@ class Segments:
 
 
 @dataclass
-class BuilderTarget:
-    """A position builder under test: ``build_positions(segments) -> (tokens, n_axes)``, and
-    the family whose rules it claims to follow."""
-
-    name: str
-    fn: Callable
-    family: BuilderFamily
-    executor: Any = field(default=None, compare=False, repr=False)
-    dtypes: tuple = ("-",)  # it takes no tensors: one run, dtype "-"
-    backward: bool = False
-    inplace: bool = False
-    max_position: Optional[int] = None
-    convention = None
-    call = "segments"
-
-
-@dataclass
 class BuilderContext(FamilyContext):
     """The builder family's context: the builder behind the calling layer (time limit,
     exceptions as findings; it takes segments, not tensors, so no error model: positions
-    are compared exactly) and its family's rules."""
-
-    caller = PlainCaller
+    are compared exactly) and the rules of its family (its convention, a BuilderFamily)."""
 
     def __post_init__(self):
-        self.rope = self.caller(executor_of(self.target), self.timeout)
-        self.family = self.target.family
+        self.rope = self.target.caller(self.timeout)
+        self.family = self.target.convention
 
 
 def _segment_cases(prop: Property, ctx: BuilderContext):
     return segments_strategy(ctx.family, prop.case_options.get("text_around", False)).map(
-        lambda segments: Segments(tuple(tuple(s) for s in segments)))
+        lambda segments: Segments(tuple(tuple(s) for s in segments))
+    )
 
 
-def _promised(prop: Property, target: BuilderTarget) -> tuple:
-    if prop.name not in target.family.promises:
-        return False, f"not promised by {target.family.name}"
+def _promised(prop: Property, target: Subject) -> tuple:
+    if prop.name not in target.convention.promises:
+        return False, f"not promised by {target.convention.name}"
     return True, ""
 
 
 # Position builders: their input is a list of segments, their output positions compared exactly
-BUILDERS = Family("position builder", BuilderContext, _segment_cases, applies=_promised)
+BUILDERS = Family(
+    "position builder",
+    BuilderContext,
+    _segment_cases,
+    applies=_promised,
+    calls=("segments",),
+    description="build_positions(segments) -> array (tokens, n_axes); segments "
+    "('text', n), ('image', h, w), ('video', t, h, w)",
+)
 
 BUILDER_PROPERTIES: dict[str, Property]
 BUILDER_PROPERTIES, builder_register = family_registry(BUILDERS)
 
 
+def _declare(name: str):
+    """The declaration of a builder family: its rules (a BuilderFamily) as the convention;
+    it takes segments, no tensors (dtype "-"), and has no backward."""
+
+    def declare(parameters: dict, own) -> Declaration:
+        try:
+            rules = family(name, parameters.get("axes"))
+        except ValueError as exc:
+            raise FamilyError(str(exc)) from None
+        return Declaration(rules, n_axes=rules.n_axes, dtypes=("-",))
+
+    return declare
+
+
+BUILDER_FAMILIES = tuple(
+    BUILDERS.variant(f"{name}-builder", _declare(name)) for name in ("rope-tie", "rope-tv", "mrope")
+)
+
+
 def _builder_property(name: str, formula: str, text_around: bool = False):
     """Register check(fn, family, segments) as the builder property ``name``."""
+
     def register(check):
         builder_register(name=name, formula=formula, case_options={"text_around": text_around}, calls=("segments",))(
-            lambda ctx, case: check(ctx.rope, ctx.family, list(case.segments)) or 0.0)
+            lambda ctx, case: check(ctx.rope, ctx.family, list(case.segments)) or 0.0
+        )
         return check
+
     return register
 
 
@@ -208,8 +229,13 @@ def check_text_runs(fn, fam, segments):
             steps = np.diff(out[a:b], axis=0)
             bad = np.nonzero((steps != 1).any(-1))[0]
             if len(bad):
-                _fail("text positions do not advance by 1 on every axis", segments, a + int(bad[0]) + 1,
-                      out[a + bad[0] + 1], out[a + bad[0]] + 1)
+                _fail(
+                    "text positions do not advance by 1 on every axis",
+                    segments,
+                    a + int(bad[0]) + 1,
+                    out[a + bad[0] + 1],
+                    out[a + bad[0]] + 1,
+                )
 
 
 def _around(segments, out):
@@ -232,32 +258,41 @@ def check_text_after_media(fn, fam, segments):
     for L, prev, seg, block, at, first_after in _around(segments, out):
         expected = fam.next_text(L, np.concatenate([prev, block]), seg, fam.n_axes)
         if (first_after != expected).any():
-            _fail(f"the text after {seg[0]} {seg[1:]} starts at the wrong position", segments, at,
-                  first_after, np.full(fam.n_axes, expected))
+            _fail(
+                f"the text after {seg[0]} {seg[1:]} starts at the wrong position",
+                segments,
+                at,
+                first_after,
+                np.full(fam.n_axes, expected),
+            )
 
 
 @_builder_property("symmetry", "first patch - last text before = next text - last patch", text_around=True)
 def check_symmetry(fn, fam, segments):
     out = call_builder(fn, segments, fam)
-    for L, prev, seg, block, at, first_after in _around(segments, out):
+    for L, _prev, seg, block, _at, first_after in _around(segments, out):
         if L < 0:
             continue
         before, after = block[0] - L, first_after - block[-1]
         if (before != after).any():
-            raise CheckFailure(f"asymmetric gaps around {seg[0]} {seg[1:]} in {mm.describe_segments(segments)}: "
-                               f"first patch - last text = {before.tolist()}, next text - last patch = "
-                               f"{after.tolist()}")
+            raise CheckFailure(
+                f"asymmetric gaps around {seg[0]} {seg[1:]} in {mm.describe_segments(segments)}: "
+                f"first patch - last text = {before.tolist()}, next text - last patch = "
+                f"{after.tolist()}"
+            )
 
 
 @_builder_property("equivalence", "a medium of N patches counts as N tokens: next text at L + N + 1", text_around=True)
 def check_equivalence(fn, fam, segments):
     out = call_builder(fn, segments, fam)
-    for L, prev, seg, block, at, first_after in _around(segments, out):
+    for L, _prev, seg, block, _at, first_after in _around(segments, out):
         n = len(block)
         if (first_after != L + n + 1).any():
-            raise CheckFailure(f"{seg[0]} {seg[1:]} of {n} patches does not count as {n} tokens in "
-                               f"{mm.describe_segments(segments)}: next text at {first_after.tolist()}, "
-                               f"expected {L + n + 1:g}")
+            raise CheckFailure(
+                f"{seg[0]} {seg[1:]} of {n} patches does not count as {n} tokens in "
+                f"{mm.describe_segments(segments)}: next text at {first_after.tolist()}, "
+                f"expected {L + n + 1:g}"
+            )
 
 
 @_builder_property("reference", "positions equal the reference builder's")

@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ropecheck.dtypes import torch_dtype
+from ropecheck.properties.dtypes import torch_dtype
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -54,25 +55,49 @@ def _odd_offset(v: torch.Tensor) -> torch.Tensor:
     return flat[1:].view(v.shape)
 
 
-LAYOUTS = {layout.name: layout for layout in (
-    Layout("contiguous", "contiguous tensors", False, lambda v: v.contiguous()),
-    Layout("transposed", "(batch, heads, seq, head_dim) storage viewed transposed (HF)", False,
-           _stored_as((0, 2, 1, 3))),
-    Layout("qkv-slice", "the k slice of a fused qkv projection", False, _qkv_slice),
-    Layout("strided-heads", "every other head of a wider tensor", False,
-           lambda v: _wider(v, 2, 2 * v.shape[2], slice(None, None, 2))),
-    Layout("sbhd", "(seq, batch, heads, head_dim) storage (Megatron)", False, _stored_as((1, 0, 2, 3))),
-    Layout("padded", "rows padded to head_dim + 8", False,
-           lambda v: _wider(v, 3, v.shape[3] + 8, slice(0, v.shape[3]))),
-    Layout("padded-64", "rows padded to head_dim + 64 (a padded head stride, as vLLM's)", False,
-           lambda v: _wider(v, 3, v.shape[3] + 64, slice(0, v.shape[3]))),
-    # exotic: probed, a refusal is a support note
-    Layout("odd-padded", "views with an odd row stride (rows of head_dim + 3)", True,
-           lambda v: _wider(v, 3, v.shape[3] + 3, slice(0, v.shape[3]))),
-    Layout("odd-offset", "views with an odd storage offset", True, _odd_offset),
-    Layout("inner-strided", "views whose last dimension has stride 2", True,
-           lambda v: _wider(v, 3, 2 * v.shape[3], slice(None, None, 2))),
-)}
+LAYOUTS = {
+    layout.name: layout
+    for layout in (
+        Layout("contiguous", "contiguous tensors", False, lambda v: v.contiguous()),
+        Layout(
+            "transposed",
+            "(batch, heads, seq, head_dim) storage viewed transposed (HF)",
+            False,
+            _stored_as((0, 2, 1, 3)),
+        ),
+        Layout("qkv-slice", "the k slice of a fused qkv projection", False, _qkv_slice),
+        Layout(
+            "strided-heads",
+            "every other head of a wider tensor",
+            False,
+            lambda v: _wider(v, 2, 2 * v.shape[2], slice(None, None, 2)),
+        ),
+        Layout("sbhd", "(seq, batch, heads, head_dim) storage (Megatron)", False, _stored_as((1, 0, 2, 3))),
+        Layout(
+            "padded", "rows padded to head_dim + 8", False, lambda v: _wider(v, 3, v.shape[3] + 8, slice(0, v.shape[3]))
+        ),
+        Layout(
+            "padded-64",
+            "rows padded to head_dim + 64 (a padded head stride, as vLLM's)",
+            False,
+            lambda v: _wider(v, 3, v.shape[3] + 64, slice(0, v.shape[3])),
+        ),
+        # exotic: probed, a refusal is a support note
+        Layout(
+            "odd-padded",
+            "views with an odd row stride (rows of head_dim + 3)",
+            True,
+            lambda v: _wider(v, 3, v.shape[3] + 3, slice(0, v.shape[3])),
+        ),
+        Layout("odd-offset", "views with an odd storage offset", True, _odd_offset),
+        Layout(
+            "inner-strided",
+            "views whose last dimension has stride 2",
+            True,
+            lambda v: _wider(v, 3, 2 * v.shape[3], slice(None, None, 2)),
+        ),
+    )
+}
 # What models hand RoPE: drawn in every run.
 MEMORY_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.exotic)
 EXOTIC_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.exotic)
@@ -82,19 +107,34 @@ def _expanded(kept: tuple) -> Callable:
     """v's values along the axes in ``kept`` (index 0 along the others), broadcast back to
     v's shape: a stride-0 view of a smaller tensor, as autograd hands the backward of a
     reduction (the gradient of a sum is the incoming one ``expand``-ed)."""
+
     def make(v: torch.Tensor) -> torch.Tensor:
         index = tuple(slice(None) if axis in kept else slice(0, 1) for axis in range(v.dim()))
         return v[index].clone(memory_format=torch.contiguous_format).expand(v.shape)  # own, small storage
+
     return make
 
 
 # Gradients only: their values are not v's (a broadcast repeats one slice of it).
-EXPANDED_GRADS = {layout.name: layout for layout in (
-    Layout("expanded-head", "a (1, 1, 1, head_dim) gradient expanded to the whole shape (strides 0, 0, 0, 1: "
-                            "the backward of (y * w).sum() for a weight w over head_dim)", False, _expanded((3,))),
-    Layout("expanded-feature", "a (batch, seq, heads, 1) gradient expanded over head_dim (stride 0 in the last "
-                               "dimension: the backward of y.sum(-1) weighted per head)", False, _expanded((0, 1, 2))),
-)}
+EXPANDED_GRADS = {
+    layout.name: layout
+    for layout in (
+        Layout(
+            "expanded-head",
+            "a (1, 1, 1, head_dim) gradient expanded to the whole shape (strides 0, 0, 0, 1: "
+            "the backward of (y * w).sum() for a weight w over head_dim)",
+            False,
+            _expanded((3,)),
+        ),
+        Layout(
+            "expanded-feature",
+            "a (batch, seq, heads, 1) gradient expanded over head_dim (stride 0 in the last "
+            "dimension: the backward of y.sum(-1) weighted per head)",
+            False,
+            _expanded((0, 1, 2)),
+        ),
+    )
+}
 # What autograd hands a backward: a dense gradient in the layout of the op that consumed y,
 # or a broadcast (stride-0) one from a reduction.
 GRAD_LAYOUTS = ("contiguous", "transposed", "sbhd") + tuple(EXPANDED_GRADS)
@@ -188,22 +228,25 @@ class Case:
 
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace
+
         return replace(self, positions=nested(positions))
 
     def describe(self) -> str:
         p = self.positions_array()
         if self.n_axes > 1:
-            return (f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} "
-                    f"({self.n_axes} axes)")
+            return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
         rows = "; ".join(_short(row) for row in p)
-        return (f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, "
-                f"seed {self.seed}; positions [{rows}]")
+        return f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, seed {self.seed}; positions [{rows}]"
 
     def _form(self) -> str:
         b, s, h, d = self.batch, self.seq, self.heads, self.head_dim
         if self.call == "qk":
             k = f"k {(b, s, self.k_heads, d)}" if self.k_heads else "k None"
-            where = "separate tensors" if self.separate else f"heads 0..{h - 1} and {h}..{h + self.k_heads - 1} of one tensor"
+            where = (
+                "separate tensors"
+                if self.separate
+                else f"heads 0..{h - 1} and {h}..{h + self.k_heads - 1} of one tensor"
+            )
             return f"call qk: q {(b, s, h, d)}, {k} ({where})"
         if self.call == "packed":
             cu = np.concatenate(([0], np.cumsum(self.lengths))).tolist()
@@ -222,7 +265,7 @@ def _short(row: np.ndarray, limit: int = 10) -> str:
     if len(values) <= limit:
         return ", ".join(map(str, values))
     head = ", ".join(map(str, values[: limit // 2]))
-    tail = ", ".join(map(str, values[-limit // 2:]))
+    tail = ", ".join(map(str, values[-limit // 2 :]))
     return f"{head}, ... ({len(values) - limit} more), {tail}"
 
 

@@ -1,4 +1,5 @@
-"""The property checks. Each reads like its formula.
+"""The properties of 1-D RoPE (the ``ONE_D`` family, ``properties.one_d``). Each reads like
+its formula.
 
 A check takes a Context (the target behind its Caller, the dtype, the error model) and a
 drawn Case (plus extra drawn parameters), calls the target, and compares both sides of
@@ -11,193 +12,74 @@ with the float64 reference of the declared convention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from ropecheck.properties.assertions import AXES_3D, CheckFailure, Tally, assert_close, assert_distinct
+from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
 from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
-from ropecheck.properties.strategies import (FREE_HEAD_DIMS, MAX_POSITION, cases, counts_up, critical_cases,
-                                   example_grad_layout, grad_layouts, in_form, large_cases, max_position_for,
-                                   position_grids, production_cases, huge_case, scales, within,
-                                   SCORES_MAX_SEQ)
-from ropecheck.properties.sizes import huge_fits
-from ropecheck.calling import CallError
-from ropecheck.dtypes import torch_dtype
-from ropecheck.target import Target
-
-
-@dataclass
-class Context(FamilyContext):
-    """The 1-D family's context: the declared convention, its amplitude and position range."""
-
-    @property
-    def max_position(self) -> int:
-        """The largest position drawn: 2^24, or less where the target declares less."""
-        return min(MAX_POSITION, self.target.max_position or MAX_POSITION)
-
-    def limit(self, head_dim: int) -> int:
-        """The largest position any call on this head size may use, shifts and steps
-        included: the declared range, and the memory budget of a target that tabulates
-        cos/sin up to the largest position it sees (``strategies.max_position_for``)."""
-        return min(self.max_position, max_position_for(head_dim))
-
-    def extra_ops(self) -> int:
-        return 0 if self.amplitude == 1.0 else 1  # the amplitude's product
-
-    @property
-    def convention(self):
-        return self.target.convention
-
-    @property
-    def amplitude(self) -> float:
-        """A declared attention factor A (f = A R_m x on the rotated block), else 1."""
-        return 1.0 if self.convention is None else self.convention.amplitude
-
-    def unscale(self, y64: np.ndarray) -> np.ndarray:
-        """An output in float64 with the declared amplitude divided out: every check then
-        reads the rotation R_m x itself."""
-        return y64 if self.convention is None else self.convention.unscale(y64)
-
-
-def _one_d_cases(prop, ctx: Context):
-    options = dict(prop.case_options)
-    options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-    return cases(ctx.dtype, ctx.target.rotary_dim, call=ctx.target.call, sizes=ctx.sizes,
-                 k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets, **options)
-
-
-def _example_fits(prop, case) -> bool:
-    options = prop.case_options
-    return (case.batch >= options.get("min_batch", 1)
-            and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
-            and case.memory in options.get("memory", (case.memory,)))
-
-
-def _fixed_inputs(prop, ctx: Context) -> list:
-    """The fixed inputs: the critical cases, and the large ones for a property that
-    promises to try them; in the target's call form, within its position range."""
-    call, r = ctx.target.call, ctx.target.rotary_dim
-    fixed = critical_cases(ctx.dtype, r, call)
-    if prop.large:
-        fixed += large_cases(ctx.dtype, r, call)[:prop.large]
-        fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[:prop.large]
-    if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
-        fixed.append(huge_case(ctx.dtype, r, call))
-    out = []
-    for case in fixed:
-        if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
-            continue
-        p = case.positions_array()
-        if prop.case_options.get("positions", True) is False:
-            case = case.with_positions(np.zeros_like(p))
-            if call == "packed":  # sequences of one token each
-                case = replace(case, lengths=(1,) * case.seq)
-        elif p.max() > ctx.max_position:
-            case = within(case, ctx.max_position, ctx.target.row_offsets)
-        out.append((case, prop.example_extras(ctx, case)))
-    return out
-
-
-def _same_theta(prop, target: Target) -> tuple[bool, str]:
-    if prop.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
-        return False, ("not promised: the declared dynamic scaling takes theta from each "
-                       "call's largest position")
-    return True, ""
-
-
-SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
-SMOKE_HEAD_DIMS = (8, 64, 128)
-
-
-def _smoke_inputs(target: Target, dtype: str):
-    head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
-    for head_dim in head_dims:
-        for batch, seq, heads in SMOKE_SHAPES:
-            x = torch.randn(batch, seq, heads, head_dim,
-                            generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
-            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
-            yield SmokeInput(f"x {tuple(x.shape)}",
-                             f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "
-                             f"positions 0 .. {seq - 1} in every row",
-                             lambda rope, x=x, positions=positions: rope(x, positions))
-
-
-# 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
-ONE_D = Family("1-D", Context, _one_d_cases, _fixed_inputs, _same_theta, _smoke_inputs)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """An exotic input (no model produces it): the target may refuse it, but a value it
-    returns must be right. ``what`` names it in a support note."""
-
-    case: Case
-    check: Callable  # check(ctx, case) -> float
-    what: str
-
+from ropecheck.properties.fixed_cases import in_form, within
+from ropecheck.properties.interface import CallError
+from ropecheck.properties.one_d import (
+    ONE_D,
+    Context,
+    Probe,
+    against_reference,
+    eps,
+    f64,
+    ops,
+    shift_range,
+    vector_norms,
+    vjp_of,
+    where_pairs,
+)
+from ropecheck.properties.property import Property, family_registry
+from ropecheck.properties.strategies import (
+    FREE_HEAD_DIMS,
+    SCORES_MAX_SEQ,
+    cases,
+    example_grad_layout,
+    grad_layouts,
+    position_grids,
+    scales,
+)
 
 PROPERTIES: dict[str, Property]
 PROPERTIES, register = family_registry(ONE_D)
 
 
-# --- shared pieces -----------------------------------------------------------------
-
-def _norms(v: np.ndarray) -> np.ndarray:
-    return np.linalg.norm(v, axis=-1)
-
-
-def _eps(ctx: Context, positions: np.ndarray) -> np.ndarray:
-    """Allowed error of f(., positions) per unit of head-vector norm, shape (b, s, 1)."""
-    return ctx.model.vector_unit_bound(positions)
-
-
-def _ops(ctx: Context) -> float:
-    """Allowed error per unit norm from arithmetic alone (angle errors cancel)."""
-    return float(ctx.model.norm_bound(1.0))
-
-
-def _f(ctx: Context, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
-    """f(x, m) in float64, the declared amplitude divided out."""
-    return ctx.unscale(as_float64(ctx.rope(x, torch.from_numpy(np.ascontiguousarray(positions)))))
-
-
-def _vjp(ctx: Context, x: torch.Tensor, positions: np.ndarray, g: torch.Tensor) -> torch.Tensor:
-    """The target's own VJP at (x, m) applied to g (a tensor: it is fed back to f)."""
-    return ctx.rope.vjp(x, torch.from_numpy(np.ascontiguousarray(positions)), g)
-
-
-def _shift_range(ctx: Context, case: Case) -> tuple[int, int]:
-    """Shifts c that keep every position in 0 .. the case's limit."""
-    positions = case.positions_array()
-    return -int(positions.min()), ctx.limit(case.head_dim) - int(positions.max())
-
-
 # --- contract ----------------------------------------------------------------------
+
 
 def _state_unchanged(ctx: Context) -> None:
     if ctx.rope.state_changes:
         raise CallError("state", "; ".join(ctx.rope.state_changes))
 
 
-@register(name="contract",
-          formula="y = f(x, m) has x's shape and dtype, is finite, leaves x, m and torch's "
-                  "process-wide state untouched, and f(view) = f(view.contiguous()) for the "
-                  "memory layouts models produce; exotic views are probed",
-          case_options={"memory": tuple(m for m in MEMORY_LAYOUTS if m != "contiguous")},
-          probes=lambda ctx: _layouts_probe(ctx))
+@register(
+    name="contract",
+    formula="y = f(x, m) has x's shape and dtype, is finite, leaves x, m and torch's "
+    "process-wide state untouched, and f(view) = f(view.contiguous()) for the "
+    "memory layouts models produce; exotic views are probed",
+    case_options={"memory": tuple(m for m in MEMORY_LAYOUTS if m != "contiguous")},
+    probes=lambda ctx: _layouts_probe(ctx),
+)
 def contract(ctx: Context, case: Case) -> float:
     x, p = case.tensor(), case.positions_array()
     fresh = x.clone(memory_format=torch.contiguous_format)  # new storage, offset 0
-    strided, compact = _f(ctx, x, p), _f(ctx, fresh, p)
+    strided, compact = f64(ctx, x, p), f64(ctx, fresh, p)
     _state_unchanged(ctx)
-    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
-    return assert_close(_norms(strided - compact), 0.0, bound, positions=p, axes=AXES_3D,
-                        what=f"f(x, m) on a {case.memory} view differs from f on its contiguous copy")
+    bound = 2 * eps(ctx, p) * vector_norms(as_float64(x)) + ctx.model.floor
+    return assert_close(
+        vector_norms(strided - compact),
+        0.0,
+        bound,
+        positions=p,
+        axes=AXES_3D,
+        what=f"f(x, m) on a {case.memory} view differs from f on its contiguous copy",
+    )
 
 
 def _odd_head_agrees(ctx: Context, case: Case) -> float:
@@ -205,13 +87,24 @@ def _odd_head_agrees(ctx: Context, case: Case) -> float:
     (head_dim = rotary_dim) and the odd tail passes through unchanged."""
     r = ctx.target.rotary_dim
     x, p = case.tensor(), case.positions_array()
-    whole, block = _f(ctx, x, p), _f(ctx, x[..., :r].contiguous(), p)
+    whole, block = f64(ctx, x, p), f64(ctx, x[..., :r].contiguous(), p)
     x64 = as_float64(x)
-    bound = 2 * _eps(ctx, p) * _norms(x64[..., :r]) + ctx.model.floor
-    rotated = assert_close(_norms(whole[..., :r] - block), 0.0, bound, positions=p, axes=AXES_3D,
-                           what=f"f(x, m) on head_dim {case.head_dim} against f on its first {r} features")
-    tail = assert_close(whole[..., r:], x64[..., r:], ctx.model.floor + np.abs(x64[..., r:]) * ctx.model.output_unit,
-                        positions=p, what=f"the features past --rotary-dim {r} (must pass through)")
+    bound = 2 * eps(ctx, p) * vector_norms(x64[..., :r]) + ctx.model.floor
+    rotated = assert_close(
+        vector_norms(whole[..., :r] - block),
+        0.0,
+        bound,
+        positions=p,
+        axes=AXES_3D,
+        what=f"f(x, m) on head_dim {case.head_dim} against f on its first {r} features",
+    )
+    tail = assert_close(
+        whole[..., r:],
+        x64[..., r:],
+        ctx.model.floor + np.abs(x64[..., r:]) * ctx.model.output_unit,
+        positions=p,
+        what=f"the features past --rotary-dim {r} (must pass through)",
+    )
     return max(rotated, tail)
 
 
@@ -223,28 +116,37 @@ def _layouts_probe(ctx: Context) -> list:
     base = Case(ctx.dtype, 2, 3, 2, r or FREE_HEAD_DIMS[0], tuple(map(tuple, p.tolist())), seed=11)
     probes = [Probe(replace(base, memory=m), contract, LAYOUTS[m].what) for m in EXOTIC_LAYOUTS]
     if r:
-        probes.append(Probe(replace(base, head_dim=r + 1), _odd_head_agrees,
-                            f"an odd head_dim ({r + 1}) around a rotary dim of {r}"))
-    return [replace(probe, case=replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory))
-            for probe in probes]
+        probes.append(
+            Probe(
+                replace(base, head_dim=r + 1), _odd_head_agrees, f"an odd head_dim ({r + 1}) around a rotary dim of {r}"
+            )
+        )
+    return [
+        replace(probe, case=replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory)) for probe in probes
+    ]
 
 
 # --- spec-free properties ----------------------------------------------------------
 
-@register(name="identity", formula="f(x, 0) = x",
-          case_options={"positions": False}, per_token_positions=True)
+
+@register(name="identity", formula="f(x, 0) = x", case_options={"positions": False}, per_token_positions=True)
 def identity(ctx: Context, case: Case) -> float:
     x = case.tensor()
     x64, p = as_float64(x), case.positions_array()
-    bound = ctx.model.vector_bound(_norms(x64), p)
-    return assert_close(_norms(_f(ctx, x, p) - x64), 0.0, bound, positions=p, axes=AXES_3D,
-                        what="|f(x, 0) - x| per head vector")
+    bound = ctx.model.vector_bound(vector_norms(x64), p)
+    return assert_close(
+        vector_norms(f64(ctx, x, p) - x64), 0.0, bound, positions=p, axes=AXES_3D, what="|f(x, 0) - x| per head vector"
+    )
 
 
-@register(name="linearity", formula="f(a x + b y, m) = a f(x, m) + b f(y, m)",
-          extras=lambda ctx, case: st.fixed_dictionaries(
-              {"a": st.sampled_from((1.5, -0.75, 3.0, 0.5)), "b": st.sampled_from((-2.0, 1.25, 0.5))}),
-          example_extras=lambda ctx, case: {"a": 1.5, "b": -2.0})
+@register(
+    name="linearity",
+    formula="f(a x + b y, m) = a f(x, m) + b f(y, m)",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {"a": st.sampled_from((1.5, -0.75, 3.0, 0.5)), "b": st.sampled_from((-2.0, 1.25, 0.5))}
+    ),
+    example_extras=lambda ctx, case: {"a": 1.5, "b": -2.0},
+)
 def linearity(ctx: Context, case: Case, a: float, b: float) -> float:
     p = case.positions_array()
     x, y = case.values(0), case.values(1)
@@ -252,13 +154,22 @@ def linearity(ctx: Context, case: Case, a: float, b: float) -> float:
     x, y = as_float64(xt), as_float64(yt)
     z_exact = a * x + b * y
     zt = case.tensor(values=z_exact)
-    lhs = _f(ctx, zt, p)
-    rhs = a * _f(ctx, xt, p) + b * _f(ctx, yt, p)
-    rounding = _norms(as_float64(zt) - z_exact)  # a rotation keeps this norm
-    bound = _ops(ctx) * (_norms(z_exact) + abs(a) * _norms(x) + abs(b) * _norms(y)) \
-        + rounding * (1 + _ops(ctx)) + 3 * ctx.model.floor
-    return assert_close(_norms(lhs - rhs), 0.0, bound, positions=p, axes=AXES_3D,
-                        what="|f(a x + b y, m) - a f(x, m) - b f(y, m)| per head vector")
+    lhs = f64(ctx, zt, p)
+    rhs = a * f64(ctx, xt, p) + b * f64(ctx, yt, p)
+    rounding = vector_norms(as_float64(zt) - z_exact)  # a rotation keeps this norm
+    bound = (
+        ops(ctx) * (vector_norms(z_exact) + abs(a) * vector_norms(x) + abs(b) * vector_norms(y))
+        + rounding * (1 + ops(ctx))
+        + 3 * ctx.model.floor
+    )
+    return assert_close(
+        vector_norms(lhs - rhs),
+        0.0,
+        bound,
+        positions=p,
+        axes=AXES_3D,
+        what="|f(a x + b y, m) - a f(x, m) - b f(y, m)| per head vector",
+    )
 
 
 @register(name="orthogonality", formula="|f(x, m)| = |x| and <f(x, m), f(y, m)> = <x, y>")
@@ -266,24 +177,37 @@ def orthogonality(ctx: Context, case: Case) -> float:
     p = case.positions_array()
     xt, yt = case.tensor(0), case.tensor(1)
     x, y = as_float64(xt), as_float64(yt)
-    fx, fy = _f(ctx, xt, p), _f(ctx, yt, p)
-    e = _ops(ctx)
-    norm_error = assert_close(_norms(fx), _norms(x), e * _norms(x) + ctx.model.floor,
-                              positions=p, axes=AXES_3D, what="|f(x, m)| = |x| per head vector")
-    inner_bound = (2 * e + e * e) * _norms(x) * _norms(y) + ctx.model.floor
-    inner_error = assert_close(np.sum(fx * fy, -1), np.sum(x * y, -1), inner_bound, positions=p,
-                               axes=AXES_3D, what="<f(x, m), f(y, m)> = <x, y> per head")
+    fx, fy = f64(ctx, xt, p), f64(ctx, yt, p)
+    e = ops(ctx)
+    norm_error = assert_close(
+        vector_norms(fx),
+        vector_norms(x),
+        e * vector_norms(x) + ctx.model.floor,
+        positions=p,
+        axes=AXES_3D,
+        what="|f(x, m)| = |x| per head vector",
+    )
+    inner_bound = (2 * e + e * e) * vector_norms(x) * vector_norms(y) + ctx.model.floor
+    inner_error = assert_close(
+        np.sum(fx * fy, -1),
+        np.sum(x * y, -1),
+        inner_bound,
+        positions=p,
+        axes=AXES_3D,
+        what="<f(x, m), f(y, m)> = <x, y> per head",
+    )
     return max(norm_error, inner_error)
 
 
 def _shift_extra(ctx, case):
-    low, high = _shift_range(ctx, case)
-    return st.fixed_dictionaries({"shift": st.integers(low, high).filter(lambda c: c != 0)
-                                  if high > low else st.just(0)})
+    low, high = shift_range(ctx, case)
+    return st.fixed_dictionaries(
+        {"shift": st.integers(low, high).filter(lambda c: c != 0) if high > low else st.just(0)}
+    )
 
 
 def _example_shift(ctx, case):
-    low, high = _shift_range(ctx, case)
+    low, high = shift_range(ctx, case)
     return {"shift": 7 if high >= 7 else low}
 
 
@@ -296,30 +220,44 @@ def _scores_under_shift(ctx: Context, case: Case, shift: int, unit_scale: bool =
     q, k = (case.tensor(values=case.values(salt) / norm) for salt in (0, 1))
     scores = []
     for grid in (p, p + shift):
-        fq, fk = _f(ctx, q, grid), _f(ctx, k, grid)
+        fq, fk = f64(ctx, q, grid), f64(ctx, k, grid)
         scores.append(np.einsum("bihd,bjhd->bhij", fq, fk))
-    e0, e1 = _eps(ctx, p)[..., 0], _eps(ctx, p + shift)[..., 0]  # (b, s)
+    e0, e1 = eps(ctx, p)[..., 0], eps(ctx, p + shift)[..., 0]  # (b, s)
     e = e0 + e1
-    nq, nk = _norms(as_float64(q)), _norms(as_float64(k))  # (b, s, h)
-    bound = (np.einsum("bih,bjh->bhij", nq, nk)
-             * (e[:, None, :, None] + e[:, None, None, :]) * (1 + e.max())) + ctx.model.floor
+    nq, nk = vector_norms(as_float64(q)), vector_norms(as_float64(k))  # (b, s, h)
+    bound = (
+        np.einsum("bih,bjh->bhij", nq, nk) * (e[:, None, :, None] + e[:, None, None, :]) * (1 + e.max())
+    ) + ctx.model.floor
     return scores[0], scores[1], bound, p
 
 
-@register(name="relativity",
-          formula="<f(q, m), f(k, n)> = <f(q, m + c), f(k, n + c)>  (depends on n - m only)",
-          extras=_shift_extra, example_extras=_example_shift, same_theta_across_calls=True,
-          case_options={"max_seq": SCORES_MAX_SEQ})
+@register(
+    name="relativity",
+    formula="<f(q, m), f(k, n)> = <f(q, m + c), f(k, n + c)>  (depends on n - m only)",
+    extras=_shift_extra,
+    example_extras=_example_shift,
+    same_theta_across_calls=True,
+    case_options={"max_seq": SCORES_MAX_SEQ},
+)
 def relativity(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift)
-    return assert_close(s1, s0, bound, axes=("batch", "head", "query", "key"),
-                        what=f"scores after shifting every position by c = {shift}")
+    return assert_close(
+        s1,
+        s0,
+        bound,
+        axes=("batch", "head", "query", "key"),
+        what=f"scores after shifting every position by c = {shift}",
+    )
 
 
-@register(name="translation",
-          formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
-          extras=_shift_extra, example_extras=_example_shift,
-          case_options={"min_seq": 2, "max_seq": SCORES_MAX_SEQ}, same_theta_across_calls=True)
+@register(
+    name="translation",
+    formula="softmax(f(Q, m) f(K, n)^T / sqrt(d)) is unchanged when m, n shift by c",
+    extras=_shift_extra,
+    example_extras=_example_shift,
+    case_options={"min_seq": 2, "max_seq": SCORES_MAX_SEQ},
+    same_theta_across_calls=True,
+)
 def translation(ctx: Context, case: Case, shift: int) -> float:
     s0, s1, bound, p = _scores_under_shift(ctx, case, shift, unit_scale=True)
     scale = 1.0 / math.sqrt(case.head_dim)
@@ -331,9 +269,13 @@ def translation(ctx: Context, case: Case, shift: int) -> float:
     p0, p1 = softmax(s0), softmax(s1)
     # Scores off by at most B move each probability by |dp| <= p (e^{2B} - 1), and by 1 at most.
     spread = np.expm1(np.minimum(2 * scale * bound.max(-1, keepdims=True), 50.0))
-    return assert_close(p1, p0, np.minimum(np.maximum(p0, p1) * spread, 1.0) + 1e-300,
-                        axes=("batch", "head", "query", "key"),
-                        what=f"attention probabilities after shifting every position by c = {shift}")
+    return assert_close(
+        p1,
+        p0,
+        np.minimum(np.maximum(p0, p1) * spread, 1.0) + 1e-300,
+        axes=("batch", "head", "query", "key"),
+        what=f"attention probabilities after shifting every position by c = {shift}",
+    )
 
 
 @st.composite
@@ -343,22 +285,37 @@ def _second_grid(draw, ctx, case):
     return {"steps": draw(position_grids(case.batch, case.seq, max(room, 0)))}
 
 
-@register(name="group-law", formula="f(f(x, a), b) = f(x, a + b)",
-          extras=_second_grid, same_theta_across_calls=True, calls=("x", "qk"), per_token_positions=True,
-          calls_why="its second positions are drawn per token, not as a sequence's offset + index",
-          example_extras=lambda ctx, case: {"steps": np.minimum(
-              np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
-              ctx.limit(case.head_dim) - case.positions_array())})
+@register(
+    name="group-law",
+    formula="f(f(x, a), b) = f(x, a + b)",
+    extras=_second_grid,
+    same_theta_across_calls=True,
+    calls=("x", "qk"),
+    per_token_positions=True,
+    calls_why="its second positions are drawn per token, not as a sequence's offset + index",
+    example_extras=lambda ctx, case: {
+        "steps": np.minimum(
+            np.arange(case.batch * case.seq).reshape(case.batch, case.seq) * 37 + 1,
+            ctx.limit(case.head_dim) - case.positions_array(),
+        )
+    },
+)
 def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
     a, b = case.positions_array(), np.asarray(steps, dtype=np.int64)
     x = case.tensor()
     once = ctx.rope(x, torch.from_numpy(a))
-    twice = ctx.unscale(_f(ctx, once, b))  # once carries the amplitude too
-    direct = _f(ctx, x, a + b)
-    ea, eb, eab = _eps(ctx, a), _eps(ctx, b), _eps(ctx, a + b)
-    bound = (ea + eb + eab + ea * eb) * _norms(as_float64(x)) + 2 * ctx.model.floor
-    return assert_close(_norms(twice - direct), 0.0, bound, positions=a + b, axes=AXES_3D,
-                        what="|f(f(x, a), b) - f(x, a + b)| per head vector (position shown: a + b)")
+    twice = ctx.unscale(f64(ctx, once, b))  # once carries the amplitude too
+    direct = f64(ctx, x, a + b)
+    ea, eb, eab = eps(ctx, a), eps(ctx, b), eps(ctx, a + b)
+    bound = (ea + eb + eab + ea * eb) * vector_norms(as_float64(x)) + 2 * ctx.model.floor
+    return assert_close(
+        vector_norms(twice - direct),
+        0.0,
+        bound,
+        positions=a + b,
+        axes=AXES_3D,
+        what="|f(f(x, a), b) - f(x, a + b)| per head vector (position shown: a + b)",
+    )
 
 
 def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
@@ -371,11 +328,13 @@ def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
     return max(1, int(round(1.0 / fastest)))
 
 
-@register(name="invertibility",
-          formula="f(x, m) != f(x, m + k) for k = 1, 2, 3 (distinct positions stay distinct)",
-          extras=lambda ctx, case: st.fixed_dictionaries({"k": st.sampled_from((1, 2, 3))}),
-          example_extras=lambda ctx, case: {"k": 1},
-          case_options={"max_position": 4096})
+@register(
+    name="invertibility",
+    formula="f(x, m) != f(x, m + k) for k = 1, 2, 3 (distinct positions stay distinct)",
+    extras=lambda ctx, case: st.fixed_dictionaries({"k": st.sampled_from((1, 2, 3))}),
+    example_extras=lambda ctx, case: {"k": 1},
+    case_options={"max_position": 4096},
+)
 def invertibility(ctx: Context, case: Case, k: int) -> float:
     rows = ctx.target.row_offsets  # (packed sequences, and rows where declared, keep counting up)
     p = within(case, 4096, rows).positions_array()
@@ -384,35 +343,54 @@ def invertibility(ctx: Context, case: Case, k: int) -> float:
     rng = np.random.default_rng([case.seed, 7])
     values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
     x = case.tensor(values=values)
-    f0, f1 = _f(ctx, x, p), _f(ctx, x, p + k)
+    f0, f1 = f64(ctx, x, p), f64(ctx, x, p + k)
     # Rounding noise of the two calls in the rotated features only: features past a
     # partial rotary dim are computed alike at m and m + k, so their error cancels in
     # f0 - f1 (counting it let bf16 rounding of 192 unrotated features hide the difference).
-    rotated = as_float64(x)[..., :ctx.target.rotary_dim or case.head_dim]
-    noise = (_eps(ctx, p) + _eps(ctx, p + k)) * _norms(rotated) + ctx.model.floor
-    return assert_distinct(_norms(f0 - f1), 0.0, noise, positions=p, axes=AXES_3D,
-                           what=f"f(x, m) against f(x, m + {k})")
+    rotated = as_float64(x)[..., : ctx.target.rotary_dim or case.head_dim]
+    noise = (eps(ctx, p) + eps(ctx, p + k)) * vector_norms(rotated) + ctx.model.floor
+    return assert_distinct(
+        vector_norms(f0 - f1), 0.0, noise, positions=p, axes=AXES_3D, what=f"f(x, m) against f(x, m + {k})"
+    )
 
 
-@register(name="inverse", formula="f(f^T(g, m), m) = g, with f^T the target's own VJP",
-          needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout)
+@register(
+    name="inverse",
+    formula="f(f^T(g, m), m) = g, with f^T the target's own VJP",
+    needs_backward=True,
+    extras=grad_layouts,
+    example_extras=example_grad_layout,
+)
 def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
     g = case.tensor(1, memory=grad_layout)
-    back = _vjp(ctx, case.tensor(0), p, g)
-    forth = ctx.unscale(_f(ctx, back, p))  # VJP = A R_m^T g carries the amplitude too
-    e = _eps(ctx, p)
-    bound = (2 * e + e * e) * _norms(as_float64(g)) + 2 * ctx.model.floor
-    return assert_close(_norms(forth - as_float64(g)), 0.0, bound, positions=p, axes=AXES_3D,
-                        what="|f(VJP(g), m) - g| per head vector")
+    back = vjp_of(ctx, case.tensor(0), p, g)
+    forth = ctx.unscale(f64(ctx, back, p))  # VJP = A R_m^T g carries the amplitude too
+    e = eps(ctx, p)
+    bound = (2 * e + e * e) * vector_norms(as_float64(g)) + 2 * ctx.model.floor
+    return assert_close(
+        vector_norms(forth - as_float64(g)),
+        0.0,
+        bound,
+        positions=p,
+        axes=AXES_3D,
+        what="|f(VJP(g), m) - g| per head vector",
+    )
 
 
 @st.composite
 def _distractor(draw, ctx, case):
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
-    other = draw(cases(draw(st.sampled_from(dtypes)), ctx.target.rotary_dim,
-                       max_position=ctx.max_position, call=ctx.target.call,
-                       k_optional=ctx.target.k_optional, row_offsets=ctx.target.row_offsets))
+    other = draw(
+        cases(
+            draw(st.sampled_from(dtypes)),
+            ctx.target.rotary_dim,
+            max_position=ctx.max_position,
+            call=ctx.target.call,
+            k_optional=ctx.target.k_optional,
+            row_offsets=ctx.target.row_offsets,
+        )
+    )
     # the decode calls, one per token after the split: DECODE_CALLS at most
     return {"other": other, "split": draw(st.integers(max(0, case.seq - DECODE_CALLS), case.seq - 1))}
 
@@ -431,121 +409,122 @@ def _example_distractor(ctx, case):
     return {"other": other, "split": case.seq // 2}
 
 
-@register(name="statelessness",
-          formula="f(x, m) is the same before and after other calls, which leave the "
-                  "tensors it returned untouched; a prefill of tokens [0, s) then one "
-                  "decode call per later token equals one call",
-          extras=_distractor, example_extras=_example_distractor)
+@register(
+    name="statelessness",
+    formula="f(x, m) is the same before and after other calls, which leave the "
+    "tensors it returned untouched; a prefill of tokens [0, s) then one "
+    "decode call per later token equals one call",
+    extras=_distractor,
+    example_extras=_example_distractor,
+)
 def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
     p, x = case.positions_array(), case.tensor()
     returned = ctx.rope(x, torch.from_numpy(p))
     first = as_float64(returned)  # a snapshot
     ctx.rope(case.tensor(5), torch.from_numpy(p))  # same shape, other values
     if not np.array_equal(as_float64(returned), first):
-        raise CheckFailure("the tensor returned by a call changed when the target was called "
-                           "again on an input of the same shape: it is a view of the target's "
-                           "internal buffer")
+        raise CheckFailure(
+            "the tensor returned by a call changed when the target was called "
+            "again on an input of the same shape: it is a view of the target's "
+            "internal buffer"
+        )
     try:  # the other call only changes the target's state; its own result is not judged here
         ctx.rope(other.tensor(), other.positions_tensor(), case=other)
     except CallError:
         pass
-    again, first = _f(ctx, x, p), ctx.unscale(first)
-    norms = _norms(as_float64(x))
+    again, first = f64(ctx, x, p), ctx.unscale(first)
+    norms = vector_norms(as_float64(x))
     # The same call repeated: the angles are computed the same way, only arithmetic may
     # differ (thread scheduling, vectorised vs scalar tails).
-    repeat = assert_close(_norms(again - first), 0.0, 2 * _ops(ctx) * norms + ctx.model.floor,
-                          positions=p, axes=AXES_3D,
-                          what=f"f(x, m) changed after a call on {other.describe()}")
+    repeat = assert_close(
+        vector_norms(again - first),
+        0.0,
+        2 * ops(ctx) * norms + ctx.model.floor,
+        positions=p,
+        axes=AXES_3D,
+        what=f"f(x, m) changed after a call on {other.describe()}",
+    )
     if ctx.convention is not None and ctx.convention.dynamic:
         return repeat  # decode calls see shorter sequences: other theta, by design
-    pieces = [_f(ctx, x[:, :split], p[:, :split])] if split else []
-    pieces += [_f(ctx, x[:, t:t + 1], p[:, t:t + 1]) for t in range(split, case.seq)]
+    pieces = [f64(ctx, x[:, :split], p[:, :split])] if split else []
+    pieces += [f64(ctx, x[:, t : t + 1], p[:, t : t + 1]) for t in range(split, case.seq)]
     stepwise = np.concatenate(pieces, axis=1)
     # A split may take another path (a decode kernel), so it gets the full allowance.
-    bound = 2 * _eps(ctx, p) * norms + ctx.model.floor
-    split_error = assert_close(_norms(stepwise - first), 0.0, bound, positions=p, axes=AXES_3D,
-                               what=f"prefill of {split} tokens then one-token decode calls "
-                                    "against one call")
+    bound = 2 * eps(ctx, p) * norms + ctx.model.floor
+    split_error = assert_close(
+        vector_norms(stepwise - first),
+        0.0,
+        bound,
+        positions=p,
+        axes=AXES_3D,
+        what=f"prefill of {split} tokens then one-token decode calls against one call",
+    )
     return max(repeat, split_error)
 
 
-@register(name="batch-independence",
-          formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
-          case_options={"min_batch": 2}, same_theta_across_calls=True, calls=("x", "qk"),
-          calls_why="a packed batch has one row (its sequences are checked by reference)")
+@register(
+    name="batch-independence",
+    formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
+    case_options={"min_batch": 2},
+    same_theta_across_calls=True,
+    calls=("x", "qk"),
+    calls_why="a packed batch has one row (its sequences are checked by reference)",
+)
 def batch_independence(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
-    whole = _f(ctx, x, p)
-    rows = np.concatenate([_f(ctx, x[b:b + 1], p[b:b + 1]) for b in range(case.batch)], axis=0)
-    bound = 2 * _eps(ctx, p) * _norms(as_float64(x)) + ctx.model.floor
-    return assert_close(_norms(whole - rows), 0.0, bound, positions=p, axes=AXES_3D,
-                        what="a batch call against one call per row")
+    whole = f64(ctx, x, p)
+    rows = np.concatenate([f64(ctx, x[b : b + 1], p[b : b + 1]) for b in range(case.batch)], axis=0)
+    bound = 2 * eps(ctx, p) * vector_norms(as_float64(x)) + ctx.model.floor
+    return assert_close(
+        vector_norms(whole - rows), 0.0, bound, positions=p, axes=AXES_3D, what="a batch call against one call per row"
+    )
 
 
 # --- with a declared convention ------------------------------------------------------
 
-def _where_pairs(ctx: Context, head_dim: int) -> str:
-    c = ctx.convention
-    out = f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
-    if c.scaling.rope_type != "default":
-        out += f", {c.scaling.rope_type} scaling"
-    return out
 
-
-# Elements the float64 reference is computed on at a time: a chunk's float64 arrays (x,
-# the reference, the bound, the output and numpy's temporaries, about a dozen of 32 MiB)
-# stay near 400 MiB whatever the input's size.
-REFERENCE_CHUNK = 2**22
-
-
-def _against_reference(ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *,
-                       what: str, inverse: bool = False) -> float:
-    """y (the target's output, or its VJP, as it returned it) against the float64 reference
-    R_m x (``inverse``: R_m^T x), a chunk of the sequence at a time: only y and x are held
-    whole, in their dtype. A dynamic scaling's theta comes from the whole call."""
-    batch, seq, heads, head_dim = x.shape
-    step = max(1, REFERENCE_CHUNK // max(batch * heads * head_dim, 1))
-    seq_len = ctx.convention.seq_len(p)
-    tally = Tally()
-    for start in range(0, max(seq, 1), step):
-        part = slice(start, start + step)
-        x64, at = as_float64(x[:, part]), p[:, part]
-        expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
-        bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
-        tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
-    return tally.verdict(what=what, positions=p)
-
-
-@register(name="reference",
-          formula="f(x, m) = R_m x, the float64 reference of the declared convention, "
-                  "within the error model",
-          needs_convention=True, large=4, huge=True, sweeps=True)
+@register(
+    name="reference",
+    formula="f(x, m) = R_m x, the float64 reference of the declared convention, within the error model",
+    needs_convention=True,
+    large=4,
+    huge=True,
+    sweeps=True,
+)
 def reference_agreement(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     y = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
-    return _against_reference(ctx, y, x, p, what="f(x, m) against the float64 reference "
-                                                 f"({_where_pairs(ctx, case.head_dim)})")
+    return against_reference(
+        ctx, y, x, p, what=f"f(x, m) against the float64 reference ({where_pairs(ctx, case.head_dim)})"
+    )
 
 
-@register(name="backward",
-          formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
-          needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout,
-          large=1)  # the 2^14 token x head input: autograd on all four would cost a third of a run
+@register(
+    name="backward",
+    formula="VJP of f at m: g -> R_m^T g = f(g, -m); adjoint <VJP(g), v> = <g, f(v, m)>",
+    needs_backward=True,
+    extras=grad_layouts,
+    example_extras=example_grad_layout,
+    large=1,
+)  # the 2^14 token x head input: autograd on all four would cost a third of a run
 def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     p = case.positions_array()
     g, v = case.tensor(1, memory=grad_layout), case.tensor(2)
-    vjp_returned = _vjp(ctx, case.tensor(0), p, g)
+    vjp_returned = vjp_of(ctx, case.tensor(0), p, g)
     vjp = ctx.unscale(as_float64(vjp_returned))
     g64, v64 = as_float64(g), as_float64(v)
-    e = _eps(ctx, p)
-    adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * _f(ctx, v, p), -1),
-                           2 * e * _norms(g64) * _norms(v64) + ctx.model.floor,
-                           positions=p, axes=AXES_3D,
-                           what="adjoint identity <VJP(g), v> = <g, f(v, m)> per head")
+    e = eps(ctx, p)
+    adjoint = assert_close(
+        np.sum(vjp * v64, -1),
+        np.sum(g64 * f64(ctx, v, p), -1),
+        2 * e * vector_norms(g64) * vector_norms(v64) + ctx.model.floor,
+        positions=p,
+        axes=AXES_3D,
+        what="adjoint identity <VJP(g), v> = <g, f(v, m)> per head",
+    )
     if ctx.convention is None:
         return adjoint
-    exact = _against_reference(ctx, vjp_returned, g, p, inverse=True,
-                               what="VJP(g) against R_m^T g = f_ref(g, -m)")
+    exact = against_reference(ctx, vjp_returned, g, p, inverse=True, what="VJP(g) against R_m^T g = f_ref(g, -m)")
     return max(adjoint, exact)
 
 

@@ -23,7 +23,7 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Union
+from typing import Optional
 
 import numpy as np
 import torch
@@ -31,70 +31,52 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
-from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.interface import Subject
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
 from ropecheck.properties.sizes import TOY, Sizes
-from ropecheck.properties.strategies import (SCORES_MAX_SEQ, cut_lengths, example_grad_layout, fitted_seq,
-                                             grad_layouts, grouped_heads, head_counts, k_heads, packed_lengths,
-                                             prime_step, seq_lengths, small_offsets)
+from ropecheck.properties.strategies import (
+    SCORES_MAX_SEQ,
+    cut_lengths,
+    example_grad_layout,
+    fitted_seq,
+    grad_layouts,
+    grouped_heads,
+    head_counts,
+    k_heads,
+    packed_lengths,
+    prime_step,
+    seq_lengths,
+    small_offsets,
+)
+from ropecheck.properties.tolerance import ANGLE_CONST, U32, ErrorModel
+from ropecheck.reference import nd as ndref
 from ropecheck.reference.nd import PairRotation
-from ropecheck.dtypes import torch_dtype
-from ropecheck.tolerance import ANGLE_CONST, U32, ErrorModel
 
 ND_MAX_POSITION = 2**16
 INVERTIBILITY_STEP = 1009  # a step every axis resolves: c theta_p moves even its low-frequency pairs (prime: no period)
 
 
-@dataclass
-class NDTarget:
-    name: str
-    fn: Callable
-    n_axes: int
-    # the declared rotation (None: spec-free checks only), or one per head size it accepts
-    convention: Union[PairRotation, dict, None] = None
-    head_dims: tuple = ()  # head sizes it accepts
-    dtypes: tuple = ("float32", "bfloat16", "float16", "float64")
-    inplace: bool = False
-    description: str = ""
-    max_position: Optional[int] = None  # largest position per axis it accepts (a table over a grid)
-    executor: object = None  # where calls run (ropecheck.calling.executor_of)
-    backward: bool = True  # autograd flows through it (the backward property needs it)
-    # x: rope(x, positions); qk: rope(q, k, positions); packed: rope(x, cu_seqlens, positions) on
-    # x (total, heads, head_dim), positions (total, n_axes) (ropecheck.call_forms)
-    call: str = "x"
-    device: str = "cpu"  # where its inputs are made (--device; read by Caller)
-    mode: str = "eager"  # how it is run (--mode; read by Caller)
-
-    def __post_init__(self):
-        if self.max_position is not None and self.max_position < 255:
-            raise ValueError(f"{self.name}: max_position must be at least 255, got {self.max_position}")
-
-    def __call__(self, x, positions):
-        return self.fn(x, positions)
-
-    def convention_for(self, head_dim: int) -> Optional[PairRotation]:
-        """The declared rotation of a head of ``head_dim`` features."""
-        if isinstance(self.convention, dict):
-            return self.convention[head_dim]
-        return self.convention
-
-    @property
-    def limit(self) -> int:
-        """Largest position per axis any check uses: inputs are drawn up to half of it,
-        shifts fill the rest."""
-        return 2 * ND_MAX_POSITION if self.max_position is None else self.max_position
-
-    @property
-    def invertibility_step(self) -> int:
-        """INVERTIBILITY_STEP, or the largest prime <= limit / 4 when the target accepts less
-        (inputs <= limit / 2, plus two steps)."""
-        return prime_step(INVERTIBILITY_STEP, self.limit // 4)
-
-    def room(self, positions: np.ndarray) -> int:
-        """How far positions may still be shifted up."""
-        return max(self.limit - int(positions.max()), 1)
+def limit(target: Subject) -> int:
+    """Largest position per axis any check uses: inputs are drawn up to half of it, shifts
+    fill the rest (the target's own largest position, else 2 ND_MAX_POSITION)."""
+    return 2 * ND_MAX_POSITION if target.max_position is None else target.max_position
 
 
-def nd_cases(target: NDTarget, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None):
+def room(target: Subject, positions: np.ndarray) -> int:
+    """How far positions may still be shifted up."""
+    return max(limit(target) - int(positions.max()), 1)
+
+
+def convention_for(target: Subject, head_dim: int) -> Optional[PairRotation]:
+    """The declared rotation of a head of ``head_dim`` features (a convention may be one
+    PairRotation, or one per head size the target accepts)."""
+    if isinstance(target.convention, dict):
+        return target.convention[head_dim]
+    return target.convention
+
+
+def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None):
     """N-D inputs at ``sizes`` (the target's own head sizes; ``max_seq``: a property's cap)."""
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
 
@@ -116,7 +98,7 @@ def nd_cases(target: NDTarget, dtype: str, sizes: Sizes = TOY, max_seq: Optional
             s = sum(lengths)
         else:
             s = fitted_seq(s, 1, b * wide * head_dim, sizes)
-        top = target.limit // 2 - 64  # inputs stay below half the limit
+        top = limit(target) // 2 - 64  # inputs stay below half the limit
         base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
         p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
         case = Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
@@ -127,6 +109,7 @@ def nd_cases(target: NDTarget, dtype: str, sizes: Sizes = TOY, max_seq: Optional
         if target.call == "packed":
             case = replace(case, call="packed", lengths=lengths)
         return case
+
     return draw()
 
 
@@ -153,8 +136,9 @@ def _norms(v):
 
 
 # N-D RoPE (axial, M-RoPE, spec-free N-D): rope(x, positions) with positions (batch, seq, n_axes)
-ND = Family("N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes,
-                                                        prop.case_options.get("max_seq")))
+ND = Family(
+    "N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq"))
+)
 
 
 ND_PROPERTIES: dict[str, Property]
@@ -172,16 +156,22 @@ def nd_identity(ctx: NDContext, case: Case) -> float:
     x = case.tensor()
     x64, p = as_float64(x), np.zeros_like(case.axes_array())
     bound = ctx.model.vector_bound(_norms(x64), p[..., 0])
-    return assert_close(_norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D,
-                        what="|f(x, 0) - x| per head vector")
+    return assert_close(
+        _norms(ctx.f(x, p) - x64), 0.0, bound, positions=p[..., 0], axes=AXES_3D, what="|f(x, 0) - x| per head vector"
+    )
 
 
 @nd_register(name="orthogonality", formula="|f(x, P)| = |x|")
 def nd_orthogonality(ctx: NDContext, case: Case) -> float:
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
-    return assert_close(_norms(ctx.f(x, p)), _norms(x64), ctx.model.norm_bound(_norms(x64)),
-                        axes=AXES_3D, what="|f(x, P)| = |x| per head vector")
+    return assert_close(
+        _norms(ctx.f(x, p)),
+        _norms(x64),
+        ctx.model.norm_bound(_norms(x64)),
+        axes=AXES_3D,
+        what="|f(x, P)| = |x| per head vector",
+    )
 
 
 def _scores(ctx, q, k, p):
@@ -201,48 +191,79 @@ def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> flo
 
 
 def _shift_extra(ctx, case):
-    return st.fixed_dictionaries({"axis": st.integers(0, ctx.target.n_axes - 1),
-                                  "c": st.integers(1, ctx.target.room(case.axes_array()))})
+    return st.fixed_dictionaries(
+        {"axis": st.integers(0, ctx.target.n_axes - 1), "c": st.integers(1, room(ctx.target, case.axes_array()))}
+    )
 
 
-@nd_register(name="relativity-axis", formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
-             extras=_shift_extra, case_options={"max_seq": SCORES_MAX_SEQ})
+@nd_register(
+    name="relativity-axis",
+    formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
+    extras=_shift_extra,
+    case_options={"max_seq": SCORES_MAX_SEQ},
+)
 def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
     shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
     shift[axis] = c
     return _relativity(ctx, case, shift, f"scores after shifting axis {axis} by {c}")
 
 
-@nd_register(name="relativity-joint", formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
-             extras=lambda ctx, case: st.fixed_dictionaries({"c": st.lists(
-                 st.integers(-int(case.axes_array().min()), min(4096, ctx.target.room(case.axes_array()))),
-                 min_size=ctx.target.n_axes,
-                 max_size=ctx.target.n_axes)}), case_options={"max_seq": SCORES_MAX_SEQ})
+@nd_register(
+    name="relativity-joint",
+    formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {
+            "c": st.lists(
+                st.integers(-int(case.axes_array().min()), min(4096, room(ctx.target, case.axes_array()))),
+                min_size=ctx.target.n_axes,
+                max_size=ctx.target.n_axes,
+            )
+        }
+    ),
+    case_options={"max_seq": SCORES_MAX_SEQ},
+)
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
 
 
-@nd_register(name="commutation", formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
-             extras=lambda ctx, case: st.fixed_dictionaries({"q": st.lists(
-                 st.integers(0, min(4096, ctx.target.room(case.axes_array()))), min_size=ctx.target.n_axes,
-                 max_size=ctx.target.n_axes)}))
+@nd_register(
+    name="commutation",
+    formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {
+            "q": st.lists(
+                st.integers(0, min(4096, room(ctx.target, case.axes_array()))),
+                min_size=ctx.target.n_axes,
+                max_size=ctx.target.n_axes,
+            )
+        }
+    ),
+)
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.axes_array()
-    q = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
+    steps = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
     once = ctx.rope(x, ctx.positions(p))
-    twice = ctx.f(once, q)
-    direct = ctx.f(x, p + q)
+    twice = ctx.f(once, steps)
+    direct = ctx.f(x, p + steps)
     n = _norms(as_float64(x))
-    bound = n * (ctx.eps(p) + ctx.eps(q) + ctx.eps(p + q))[..., 0][..., None] + 3 * ctx.model.floor
-    return assert_close(_norms(twice - direct), 0.0, bound, positions=None, axes=AXES_3D,
-                        what="|f(f(x, P), Q) - f(x, P + Q)| per head vector")
+    bound = n * (ctx.eps(p) + ctx.eps(steps) + ctx.eps(p + steps))[..., 0][..., None] + 3 * ctx.model.floor
+    return assert_close(
+        _norms(twice - direct),
+        0.0,
+        bound,
+        positions=None,
+        axes=AXES_3D,
+        what="|f(f(x, P), Q) - f(x, P + Q)| per head vector",
+    )
 
 
-@nd_register(name="invertibility",
-             formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
-                     "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)")
+@nd_register(
+    name="invertibility",
+    formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
+    "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)",
+)
 def nd_invertibility(ctx: NDContext, case: Case) -> float:
-    c = ctx.target.invertibility_step
+    c = prime_step(INVERTIBILITY_STEP, limit(ctx.target) // 4)  # inputs <= limit / 2, plus two steps
     p = case.axes_array() + c  # keeps P + c (e_j - e_k) >= 0
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
     n_axes = ctx.target.n_axes
@@ -253,27 +274,48 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
     worst = 0.0
     for step in steps:
         moved = ctx.f(x, p + step)
-        worst = max(worst, assert_distinct(_norms(moved - base), 0.0, noise, axes=AXES_3D,
-                                           what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost"))
+        worst = max(
+            worst,
+            assert_distinct(
+                _norms(moved - base),
+                0.0,
+                noise,
+                axes=AXES_3D,
+                what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost",
+            ),
+        )
     return worst
 
 
-@nd_register(name="reference", formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
-             needs_convention=True)
+@nd_register(
+    name="reference",
+    formula="f(x, P) = R_P x, the float64 N-D reference (per-axis tolerance model)",
+    needs_convention=True,
+)
 def nd_reference(ctx: NDContext, case: Case) -> float:
-    conv = ctx.target.convention_for(case.head_dim)
+    conv = convention_for(ctx.target, case.head_dim)
+    assert conv is not None  # needs_convention
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)
     bound = element_bound(ctx.model, conv, x64, p)
-    return assert_close(ctx.f(x, p), expected, bound, axes=("batch", "seq", "head", "feature"),
-                        what=f"f(x, P) vs the float64 reference ({conv.description})")
+    return assert_close(
+        ctx.f(x, p),
+        expected,
+        bound,
+        axes=("batch", "seq", "head", "feature"),
+        what=f"f(x, P) vs the float64 reference ({conv.description})",
+    )
 
 
-@nd_register(name="backward",
-             formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
-                     "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
-             needs_backward=True, extras=grad_layouts, example_extras=example_grad_layout)
+@nd_register(
+    name="backward",
+    formula="VJP of f at P: adjoint <VJP(g), v> = <g, f(v, P)> per head; with a declared convention "
+    "VJP(g) = R_P^T g = R_{-P} g (float64 reference, per-axis tolerance model)",
+    needs_backward=True,
+    extras=grad_layouts,
+    example_extras=example_grad_layout,
+)
 def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     """The target's own VJP at (x, P) applied to g. Adjoint identity, spec-free: VJP(g) = A^T g
     for the Jacobian A = R_P that f applies, so <VJP(g), v> = <g, f(v, P)> per head vector
@@ -290,15 +332,23 @@ def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     vjp = as_float64(ctx.rope.vjp(x, ctx.positions(p), g))
     g64, v64 = as_float64(g), as_float64(v)
     ng, nv = _norms(g64), _norms(v64)
-    adjoint = assert_close(np.sum(vjp * v64, -1), np.sum(g64 * ctx.f(v, p), -1),
-                           2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv), axes=AXES_3D,
-                           what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head")
-    conv = ctx.target.convention_for(case.head_dim)
+    adjoint = assert_close(
+        np.sum(vjp * v64, -1),
+        np.sum(g64 * ctx.f(v, p), -1),
+        2 * ctx.eps(p) * ng * nv + ctx.model.floor * (ng + nv),
+        axes=AXES_3D,
+        what="adjoint identity <VJP(g), v> = <g, f(v, P)> per head",
+    )
+    conv = convention_for(ctx.target, case.head_dim)
     if conv is None:
         return adjoint
-    exact = assert_close(vjp, conv.apply(g64, p, inverse=True), element_bound(ctx.model, conv, g64, p),
-                         axes=("batch", "seq", "head", "feature"),
-                         what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})")
+    exact = assert_close(
+        vjp,
+        conv.apply(g64, p, inverse=True),
+        element_bound(ctx.model, conv, g64, p),
+        axes=("batch", "seq", "head", "feature"),
+        what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})",
+    )
     return max(adjoint, exact)
 
 
@@ -313,3 +363,87 @@ def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.
     bound[..., i] = pair
     bound[..., j] = pair
     return bound
+
+
+# --- the N-D families: what their parameters declare ---------------------------------
+
+ND_DTYPES = ("float32", "bfloat16")  # the dtypes an N-D run checks unless told otherwise
+
+
+def _bases(parameters: dict):
+    """One frequency base, or one per axis (``nd_base``, or a list ``base``); default 10000."""
+    value = parameters.get("nd_base") or parameters.get("base")
+    if value is None:
+        return 10000.0
+    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    if any(not v > 1 for v in values):
+        raise FamilyError(f"--base must be > 1, got {','.join(f'{v:g}' for v in values)}")
+    return values[0] if len(values) == 1 else values
+
+
+def _axes(parameters: dict) -> int:
+    n_axes = parameters.get("axes") or 2
+    if not 1 <= n_axes <= 8:
+        raise FamilyError(f"--axes must be 1 .. 8, got {n_axes}")
+    return n_axes
+
+
+def _head_dims(parameters: dict, n_axes: int) -> tuple:
+    """The head sizes drawn: the split's sum, else 4 and 32 features per axis."""
+    split = parameters.get("split")
+    return (sum(split),) if split else (4 * n_axes, 32 * n_axes)
+
+
+def _declare_axial(parameters: dict, own) -> Declaration:
+    n_axes = _axes(parameters)
+    head_dims = _head_dims(parameters, n_axes)
+    if parameters.get("layout") is None:
+        raise FamilyError(
+            "--family axial needs --layout (half or interleaved); --family nd runs the spec-free checks only"
+        )
+    try:
+        conventions = {
+            d: ndref.axial(
+                d, n_axes, layout=parameters["layout"], base=_bases(parameters), split=parameters.get("split")
+            )
+            for d in head_dims
+        }
+    except (ValueError, TypeError) as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conventions, n_axes=n_axes, head_dims=head_dims, dtypes=ND_DTYPES)
+
+
+def _declare_mrope(parameters: dict, own) -> Declaration:
+    sections = parameters.get("sections")
+    if not sections:
+        raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
+    base = _bases(parameters)
+    if isinstance(base, list):
+        raise FamilyError("--family mrope takes one --base")
+    try:
+        conv = ndref.mrope(
+            list(sections),
+            layout=parameters.get("layout") or "half",
+            base=base,
+            interleaved=bool(parameters.get("mrope_interleaved")),
+        )
+    except (ValueError, TypeError) as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conv, n_axes=len(sections), head_dims=(conv.head_dim,), dtypes=ND_DTYPES)
+
+
+def _declare_nd(parameters: dict, own) -> Declaration:
+    n_axes = _axes(parameters)
+    return Declaration(None, n_axes=n_axes, head_dims=_head_dims(parameters, n_axes), dtypes=ND_DTYPES)
+
+
+_CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes)"
+ND_FAMILIES = (
+    ND.variant("axial", _declare_axial, f"{_CONTRACT}: features split into per-axis blocks, a 1-D RoPE in each"),
+    ND.variant(
+        "mrope",
+        _declare_mrope,
+        f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their section assigns (Qwen2-VL, Qwen3-VL)",
+    ),
+    ND.variant("nd", _declare_nd, f"{_CONTRACT}: the spec-free N-D checks only"),
+)

@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ropecheck.properties.accuracy import sweep_positions
-from ropecheck.calling import CallError
+from ropecheck.properties.interface import CallError
 
-FORMULA = ("f(x, m) is defined for every position 0 <= m <= N, the declared --max-position "
-           "(default 2^24)")
+FORMULA = "f(x, m) is defined for every position 0 <= m <= N, the declared --max-position (default 2^24)"
 
 
 def find_limit(call: Callable[[int], None], limit: int) -> Optional[tuple[int, str]]:
@@ -50,10 +49,12 @@ def find_limit(call: Callable[[int], None], limit: int) -> Optional[tuple[int, s
             low, high = (low, middle) if refused(middle) else (middle, high)
     except CallError:  # a crash is not a range limit
         return None
-    return high, said[high]
+    return high, said[high] or ""
 
 
 def finding(limit_at: int, why: str) -> str:
     said = why.removeprefix("the target raised ")
-    return (f"position range: raises for positions >= {limit_at} ({said}); if {limit_at} is "
-            f"the table size it was built for, declare --max-position {limit_at - 1}")
+    return (
+        f"position range: raises for positions >= {limit_at} ({said}); if {limit_at} is "
+        f"the table size it was built for, declare --max-position {limit_at - 1}"
+    )

@@ -10,34 +10,33 @@ any of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from hypothesis import strategies as st
 
+from ropecheck.properties.interface import CALL_FORMS, TENSOR_FORMS, CallError, Subject, TargetHung
 from ropecheck.properties.registry import property_registry
 from ropecheck.properties.sizes import TOY, Sizes
-from ropecheck.call_forms import CALL_FORMS
-from ropecheck.calling import Caller, CallError, TargetHung
-from ropecheck.tolerance import ErrorModel
+from ropecheck.properties.tolerance import ErrorModel
 
 
 @dataclass
 class FamilyContext:
-    """What a check works with, in every family: the target behind its Caller (``rope``:
-    the calling layer, its call form, time limit and contract) and the dtype's error model.
-    A family's context adds its own helpers (the 1-D convention, the N-D per-axis bound)."""
+    """What a check works with, in every family: the target (``interface.Subject``) and the
+    callable that calls it under the contract (``rope``: its call form, time limit and
+    contract, from ``target.caller``) and the dtype's error model. A family's context adds
+    its own helpers (the 1-D convention, the N-D per-axis bound)."""
 
-    target: Any
+    target: Subject
     dtype: str
     timeout: Optional[float] = 20.0
     sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.sizes)
     rope: Any = field(init=False)
     model: ErrorModel = field(init=False)
-    caller = Caller  # the family's Caller type
 
     def __post_init__(self):
-        self.rope = self.caller(self.target, self.timeout)
+        self.rope = self.target.caller(self.timeout)
         self.model = ErrorModel(self.dtype, extra_ops=self.extra_ops())
 
     def extra_ops(self) -> int:
@@ -55,9 +54,35 @@ class SmokeInput:
 
 
 @dataclass(frozen=True)
+class Declaration:
+    """What a family's parameters say a target computes and takes (``Family.declare``):
+    its convention, position axes, the head sizes to draw, the rotated features, the
+    largest position the family's checks use, and the dtypes checked by default (None:
+    the target's own)."""
+
+    convention: Any = None
+    n_axes: int = 1
+    head_dims: tuple = ()
+    rotary_dim: Optional[int] = None
+    max_position: Optional[int] = None
+    dtypes: Optional[tuple] = None
+
+
+RANGE_PROBE = "position-range"  # the probe a 1-D run starts with (properties.position_range)
+
+
+class FamilyError(ValueError):
+    """Parameters a family cannot make a convention of (a usage error)."""
+
+
+@dataclass(frozen=True)
 class Family:
+    """A family of targets (``--family``): how its checks are run, which properties it has,
+    and what its parameters declare. Several families may share one set of properties
+    (axial, mrope and nd: the N-D checks) with their own ``declare``."""
+
     name: str
-    context: Callable  # (target, dtype, timeout) -> a context with .rope, its Caller
+    context: Callable  # (target, dtype, timeout, sizes) -> a context with .rope
     cases: Callable  # (prop, ctx) -> hypothesis strategy of cases
     fixed: Callable = lambda prop, ctx: []  # (prop, ctx) -> [(case, extras)] every run tries
     # (prop, target) -> (applies, why not): what the family adds to the common needs
@@ -65,6 +90,31 @@ class Family:
     smoke_inputs: Callable = lambda target, dtype: ()  # (target, dtype) -> [SmokeInput]
     # what a smoke call may fail with, on every input, for the target to be unusable
     unusable: tuple = ("raised",)
+    properties: dict = field(default_factory=dict)  # its properties by name (filled by its registry)
+    calls: tuple = TENSOR_FORMS  # the call forms its targets may take, the first the default
+    # (parameters: dict, own convention or None) -> Declaration; raises FamilyError
+    declare: Callable = lambda parameters, own: Declaration(own)
+    range_probe: bool = False  # a run starts with the position-range probe (1-D RoPE)
+    description: str = ""  # the contract of its targets, one line
+
+    def variant(self, name: str, declare: Callable, description: str = "", **changes) -> "Family":
+        """A family with this one's checks and properties, another name and declaration."""
+        return replace(self, name=name, declare=declare, description=description or self.description, **changes)
+
+    def selected(self, names=()) -> list:
+        """Its properties named (all of them without names; the position-range probe is
+        not one of them: ``probes_range``); FamilyError for an unknown one."""
+        probe = (RANGE_PROBE,) if self.range_probe else ()
+        unknown = [n for n in names or () if n not in self.properties and n not in probe]
+        if unknown:
+            raise FamilyError(f"unknown properties {unknown}; known here: {', '.join([*probe, *self.properties])}")
+        if not names:
+            return list(self.properties.values())
+        return [self.properties[n] for n in names if n not in probe]
+
+    def probes_range(self, names=()) -> bool:
+        """Whether a run of the properties ``names`` starts with the position-range probe."""
+        return self.range_probe and (not names or RANGE_PROBE in names)
 
 
 def smoke_call(family: Family, target, dtype: str, timeout: Optional[float]) -> Optional[str]:
@@ -122,7 +172,7 @@ class Property:
     per_token_positions: bool = False
     sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
 
-    def context(self, target, dtype: str, timeout: Optional[float], sizes: Sizes = TOY):
+    def context(self, target: Subject, dtype: str, timeout: Optional[float], sizes: Sizes = TOY):
         return self.family.context(target, dtype, timeout, sizes)
 
     def case_strategy(self, ctx):
@@ -131,19 +181,20 @@ class Property:
     def fixed(self, ctx) -> list:
         return self.family.fixed(self, ctx)
 
-    def applies_to(self, target) -> tuple[bool, str]:
-        call = getattr(target, "call", "x")
+    def applies_to(self, target: Subject) -> tuple[bool, str]:
+        call = target.call
         if call not in self.calls:
             return False, f"not defined for call form {call}: {self.calls_why}"
-        if self.per_token_positions and getattr(target, "row_offsets", False):
+        if self.per_token_positions and target.row_offsets:
             return False, "needs positions chosen per token; the target takes per-row offsets"
         if self.needs_convention and target.convention is None:
             return False, "needs a declared convention (--layout)"
-        if self.needs_backward and not getattr(target, "backward", True):
+        if self.needs_backward and not target.backward:
             return False, "target declares no backward"
         return self.family.applies(self, target)
 
 
 def family_registry(family: Family) -> tuple[dict, Callable]:
-    """(registry, register) of one family's properties."""
-    return property_registry(lambda **fields: Property(family=family, **fields))
+    """(registry, register) of one family's properties: the registry is the family's own
+    ``properties``."""
+    return property_registry(lambda **fields: Property(family=family, **fields), family.properties)

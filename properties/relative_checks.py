@@ -48,8 +48,7 @@ def relative_bias(bias: Callable, n: int = 8, seed: int = 0) -> bool:
     rng = np.random.default_rng(seed)
     pq, pk = _positions(rng, n, 300), _positions(rng, n, 300)
     b0 = np.asarray(bias(pq, pk), np.float64)
-    return all(np.allclose(np.asarray(bias(pq + c, pk + c), np.float64), b0, rtol=RTOL, atol=RTOL)
-               for c in SHIFTS)
+    return all(np.allclose(np.asarray(bias(pq + c, pk + c), np.float64), b0, rtol=RTOL, atol=RTOL) for c in SHIFTS)
 
 
 def linear_equals_quadratic(pair, d: int = 8, n: int = 7, seed: int = 0) -> bool:
@@ -71,8 +70,13 @@ def shift_invariance(attn: Callable, d: int = 8, n: int = 7, seed: int = 0) -> b
     return all(np.allclose(attn(q, k, v, p + c), a, rtol=1e-9, atol=1e-9 * np.abs(a).max()) for c in SHIFTS)
 
 
-CHECKS = {"relativity": relativity, "norm": norm, "relative-bias": relative_bias,
-          "linear-equals-quadratic": linear_equals_quadratic, "shift-invariance": shift_invariance}
+CHECKS: dict[str, Callable[..., bool]] = {
+    "relativity": relativity,
+    "norm": norm,
+    "relative-bias": relative_bias,
+    "linear-equals-quadratic": linear_equals_quadratic,
+    "shift-invariance": shift_invariance,
+}
 
 
 def judge(family: str, impls: dict) -> dict:

@@ -9,20 +9,22 @@ import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.checks import PROPERTIES, Context
-from ropecheck.properties.property import Property
 from ropecheck.properties.diagnosis import likely_cause
-from ropecheck.properties.sizes import SIZES, Sizes, parse as parse_sizes
+from ropecheck.properties.interface import CallError, TargetHung
+from ropecheck.properties.one_d import Context
+from ropecheck.properties.property import Property
+from ropecheck.properties.sizes import SIZES, Sizes
+from ropecheck.properties.sizes import parse as parse_sizes
 from ropecheck.properties.strategies import FREE_HEAD_DIMS
-from ropecheck.calling import CallError, TargetHung
 
 PROFILES = {
     # derandomized, bounded: the same verdict on every run
@@ -38,6 +40,8 @@ PROFILE_SIZES = {"production": "production"}
 
 def profile_sizes(profile: str) -> Sizes:
     return SIZES[PROFILE_SIZES.get(profile, "toy")]
+
+
 DEFAULT_PROFILE = "dev"
 
 
@@ -103,25 +107,35 @@ class RunOptions:
     @property
     def sizes_flag(self) -> list:
         """``--sizes`` as a reproduce line needs it: nothing where the profile implies them."""
-        return [] if self.sizes == profile_sizes(self.profile) else ["--sizes", self.sizes.spec()]
+        return [] if self.sizes == profile_sizes(self.profile) else ["--sizes", self.drawn_sizes.spec()]
+
+    @property
+    def drawn_sizes(self) -> Sizes:
+        """The sizes inputs are drawn at (``sizes``, settled by __post_init__)."""
+        assert isinstance(self.sizes, Sizes)
+        return self.sizes
 
     def settings(self) -> settings:
-        chosen = dict(PROFILES[self.profile])
+        chosen: dict[str, Any] = dict(PROFILES[self.profile])
         if self.max_examples is not None:
             chosen["max_examples"] = self.max_examples
         if self.seed is not None:
             chosen["derandomize"] = False
         return settings(
-            deadline=None, database=None, print_blob=True,
+            deadline=None,
+            database=None,
+            print_blob=True,
             suppress_health_check=list(HealthCheck),
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-            **chosen)
+            **chosen,
+        )
 
 
 def failures_in(exc: BaseException) -> list:
     """Hypothesis reports several distinct failures as an ExceptionGroup: all of them."""
-    if getattr(exc, "exceptions", None):  # (Base)ExceptionGroup, or its backport
-        return [leaf for sub in exc.exceptions for leaf in failures_in(sub)]
+    group = getattr(exc, "exceptions", None)  # (Base)ExceptionGroup, or its backport
+    if group:
+        return [leaf for sub in group for leaf in failures_in(sub)]
     return [exc]
 
 
@@ -129,7 +143,7 @@ def _reproduce_line(exc: BaseException, command: str) -> str:
     """Our command line, and hypothesis' @reproduce_failure blob when it printed one."""
     for note in getattr(exc, "__notes__", []):
         if "@reproduce_failure" in note:
-            blob = note[note.index("@reproduce_failure"):].split(" as a decorator")[0]
+            blob = note[note.index("@reproduce_failure") :].split(" as a decorator")[0]
             return f"{command}  (in Python: {blob})"
     return command
 
@@ -139,8 +153,9 @@ def replay_pytest_command(config, name: str, dtype: str) -> str:
     line): this run's arguments (``config``: pytest's), its seed, and -k."""
     args = [a for a in config.invocation_params.args if not a.startswith("--rope-seed")]
     seed = config.getoption("--rope-seed")
-    return shlex.join(["pytest", *args] + ([f"--rope-seed={seed}"] if seed is not None else [])
-                      + ["-k", f"{name} and {dtype}"])
+    return shlex.join(
+        ["pytest", *args] + ([f"--rope-seed={seed}"] if seed is not None else []) + ["-k", f"{name} and {dtype}"]
+    )
 
 
 class Seen:
@@ -170,7 +185,8 @@ class Seen:
 
     def budget_spent(self) -> bool:
         return self.crashes >= CRASH_BUDGET or (
-            self.since is not None and time.perf_counter() - self.since > SHRINK_BUDGET)
+            self.since is not None and time.perf_counter() - self.since > SHRINK_BUDGET
+        )
 
 
 def signature(exc: BaseException, counterexample: str) -> str:
@@ -189,8 +205,9 @@ def signature(exc: BaseException, counterexample: str) -> str:
     return "input: " + counterexample.split("; {")[0]
 
 
-def run_property(prop: Property, target, dtype: str, options: RunOptions | None = None,
-                 reproduce_hint: str = "") -> Result:
+def run_property(
+    prop: Property, target, dtype: str, options: RunOptions | None = None, reproduce_hint: str = ""
+) -> Result:
     """Run one property of any family on one dtype: its drawn inputs (shrunk to a minimal
     counterexample on failure), then its family's fixed inputs, then its exotic probes.
     TargetHung propagates (the caller stops the run)."""
@@ -200,7 +217,7 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     if not applies:
         result.status, result.message = "skipped", why
         return result
-    ctx = prop.context(target, dtype, options.timeout, options.sizes)
+    ctx = prop.context(target, dtype, options.timeout, options.drawn_sizes)
     seen = Seen()
 
     @st.composite
@@ -241,8 +258,17 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
                 result.notes.append(f"raises on {probe.what}: {said}")
 
     start = time.perf_counter()
-    _run(result, seen, inputs(), attempt, options, reproduce_hint, after_drawn,
-         describe=lambda drawn: _describe(*drawn), whose=lambda exc, drawn: _whose_head(exc, drawn[0]))
+    _run(
+        result,
+        seen,
+        inputs(),
+        attempt,
+        options,
+        reproduce_hint,
+        after_drawn,
+        describe=lambda drawn: _describe(*drawn),
+        whose=lambda exc, drawn: _whose_head(exc, drawn[0]),
+    )
     if prop.sweeps:
         _sweep(result, ctx, reproduce_hint)
         if result.status == "failed":
@@ -251,8 +277,17 @@ def run_property(prop: Property, target, dtype: str, options: RunOptions | None 
     return result
 
 
-def _run(result: Result, seen: Seen, strategy, attempt, options: RunOptions, reproduce_hint: str,
-         after_drawn, describe, whose=lambda exc, drawn: "") -> None:
+def _run(
+    result: Result,
+    seen: Seen,
+    strategy,
+    attempt,
+    options: RunOptions,
+    reproduce_hint: str,
+    after_drawn,
+    describe,
+    whose=lambda exc, drawn: "",
+) -> None:
     """The one loop every check of every family runs in: hypothesis over ``strategy``
     (shrinking within the budgets), then ``after_drawn()``; a failure is recorded in ``result`` with the input that
     raised it (message and counterexample from the same failure), the largest error seen
@@ -266,6 +301,7 @@ def _run(result: Result, seen: Seen, strategy, attempt, options: RunOptions, rep
     except (Exception, _ShrinkBudgetSpent) as raised:
         budget_spent = isinstance(raised, _ShrinkBudgetSpent)
         if budget_spent:
+            assert seen.latest is not None  # the budget runs only once a failure was seen
             drawn, exc = seen.latest
         else:
             exc = failures_in(raised)[0]
@@ -277,7 +313,10 @@ def _run(result: Result, seen: Seen, strategy, attempt, options: RunOptions, rep
             result.message += whose(exc, drawn)
             result.counterexample = describe(drawn) + (
                 f" (shrinking stopped after {SHRINK_BUDGET:g} s or {CRASH_BUDGET} crashes: the "
-                "smallest found, perhaps not minimal)" if budget_spent else "")
+                "smallest found, perhaps not minimal)"
+                if budget_spent
+                else ""
+            )
         result.reproduce = _reproduce_line(exc, reproduce_hint)
         if result.reproduce == reproduce_hint:
             result.reproduce = _reproduce_line(raised, reproduce_hint)
@@ -304,8 +343,11 @@ def _whose_head(exc: BaseException, case) -> str:
     head = getattr(exc, "where", {}).get("head")
     if head is None or getattr(case, "call", "x") != "qk":
         return ""
-    return f" (head {head} is q's head {head})" if head < case.heads else \
-        f" (head {head} is k's head {head - case.heads}: k has {case.k_heads}, q {case.heads})"
+    return (
+        f" (head {head} is q's head {head})"
+        if head < case.heads
+        else f" (head {head} is k's head {head - case.heads}: k has {case.k_heads}, q {case.heads})"
+    )
 
 
 def _sweep(result: Result, ctx: Context, reproduce_hint: str) -> None:
@@ -316,9 +358,11 @@ def _sweep(result: Result, ctx: Context, reproduce_hint: str) -> None:
     if result.status == "passed" and worst > 1.0:
         at = result.accuracy["positions"][int(np.argmax(result.accuracy["error"]))]
         result.status = "failed"
-        result.message = (f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
-                          f"(x of shape (1, {len(result.accuracy['positions'])}, "
-                          f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)")
+        result.message = (
+            f"accuracy sweep: error {worst:.3g} x tolerance at position {at} "
+            f"(x of shape (1, {len(result.accuracy['positions'])}, "
+            f"4, {ctx.target.rotary_dim or FREE_HEAD_DIMS[0]}), one position per token)"
+        )
         result.reproduce = reproduce_hint
         result.signature = f"input: accuracy sweep {result.message}"
 
@@ -333,25 +377,8 @@ def _likely_cause(ctx: Context) -> str:
 
 
 def _describe(case, extras) -> str:
-    shown = {k: (v.describe() if hasattr(v, "describe") else
-                 np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
-             for k, v in extras.items()}
+    shown = {
+        k: (v.describe() if hasattr(v, "describe") else np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
+        for k, v in extras.items()
+    }
     return case.describe() + (f"; {shown}" if shown else "")
-
-
-RANGE_PROBE = "position-range"  # the probe the session runs before the properties
-
-
-def selected_properties(names=None) -> list[Property]:
-    """The properties named (all without names); the position-range probe is not one of
-    them (the session runs it: see ``wants_range_probe``)."""
-    if not names:
-        return list(PROPERTIES.values())
-    unknown = [n for n in names if n not in PROPERTIES and n != RANGE_PROBE]
-    if unknown:
-        raise ValueError(f"unknown properties {unknown}; known: {RANGE_PROBE}, {', '.join(PROPERTIES)}")
-    return [PROPERTIES[n] for n in names if n != RANGE_PROBE]
-
-
-def wants_range_probe(names=None) -> bool:
-    return not names or RANGE_PROBE in names

@@ -51,10 +51,13 @@ class Sizes:
 
     def describe(self, head_dims: tuple = ()) -> str:
         """One line; ``head_dims``: the sizes a target declares (N-D, xPos), shown instead."""
-        return (f"sizes {self.spec()}: head sizes {'/'.join(map(str, head_dims or self.head_dims))}"
-                + (" (the target's)" if head_dims else "") + ", "
-                f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
-                + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else ""))
+        return (
+            f"sizes {self.spec()}: head sizes {'/'.join(map(str, head_dims or self.head_dims))}"
+            + (" (the target's)" if head_dims else "")
+            + ", "
+            f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
+            + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else "")
+        )
 
 
 def _show(value) -> str:
@@ -63,9 +66,15 @@ def _show(value) -> str:
 
 SIZES = {
     "toy": Sizes("toy"),
-    "production": Sizes("production", head_dims=(64, 80, 96, 128, 192, 256, 512), max_seq=8192,
-                        heads=(1, 2, 8, 32), ratios=(1, 4, 8, 32),
-                        max_elements=PRODUCTION_ELEMENTS, huge="auto"),
+    "production": Sizes(
+        "production",
+        head_dims=(64, 80, 96, 128, 192, 256, 512),
+        max_seq=8192,
+        heads=(1, 2, 8, 32),
+        ratios=(1, 4, 8, 32),
+        max_elements=PRODUCTION_ELEMENTS,
+        huge="auto",
+    ),
 }
 TOY = SIZES["toy"]
 
@@ -84,8 +93,10 @@ def parse(spec: str) -> Sizes:
     """``NAME[,key=value...]`` -> Sizes; ValueError with the accepted forms otherwise."""
     name, *overrides = [part.strip() for part in spec.split(",")]
     if name not in SIZES:
-        raise ValueError(f"--sizes: unknown size set {name!r}; known: {', '.join(SIZES)} "
-                         "(then key=value overrides, e.g. production,head_dims=192/256)")
+        raise ValueError(
+            f"--sizes: unknown size set {name!r}; known: {', '.join(SIZES)} "
+            "(then key=value overrides, e.g. production,head_dims=192/256)"
+        )
     sizes = SIZES[name]
     keys = [f.name for f in fields(Sizes) if f.name != "name"]
     for item in overrides:
@@ -93,17 +104,19 @@ def parse(spec: str) -> Sizes:
         key = key.strip().replace("-", "_")
         if key not in keys or not value:
             raise ValueError(f"--sizes: expected key=value with key one of {', '.join(keys)}, got {item!r}")
+        parsed: object
         if key == "huge":
             if value not in ("auto", "yes", "no"):
                 raise ValueError(f"--sizes huge: auto, yes or no, got {value!r}")
             parsed = value
         else:
-            parsed = _positive_ints(key, value)
+            numbers = _positive_ints(key, value)
+            parsed = numbers
             if key in ("max_seq", "max_elements"):
-                if len(parsed) != 1:
+                if len(numbers) != 1:
                     raise ValueError(f"--sizes {key}: one integer, got {value!r}")
-                parsed = parsed[0]
-        sizes = replace(sizes, **{key: parsed})
+                parsed = numbers[0]
+        sizes = replace(sizes, **{key: parsed})  # type: ignore[arg-type]  # the field's type, checked above
     return sizes
 
 
@@ -140,19 +153,24 @@ def huge_plan(sizes: Sizes, device: str, dtype: str) -> tuple[bool, str]:
         return False, ""
     import torch
 
-    from ropecheck.dtypes import torch_dtype
+    from ropecheck.properties.dtypes import torch_dtype
 
     nbytes = HUGE_ELEMENTS * torch.empty((), dtype=torch_dtype(dtype)).element_size()
     gib = 2**30
     what = f"the input past 2^31 elements ({nbytes / gib:.1f} GiB in {dtype})"
     if sizes.huge == "auto" and not device.startswith("cuda"):
-        return False, (f"{what}: not tried on {device} (it is tried on a CUDA device with the "
-                       "memory; --sizes production,huge=yes tries it anywhere)")
+        return False, (
+            f"{what}: not tried on {device} (it is tried on a CUDA device with the "
+            "memory; --sizes production,huge=yes tries it anywhere)"
+        )
     needs = [("the host", _host_available(), HOST_COPIES * nbytes)]
     if device != "cpu":
         needs.append((device, _device_free(device), DEVICE_COPIES * nbytes))
-    short = [f"{where} has {have / gib:.0f} GiB free of the {need / gib:.0f} GiB it needs"
-             for where, have, need in needs if have < need]
+    short = [
+        f"{where} has {have / gib:.0f} GiB free of the {need / gib:.0f} GiB it needs"
+        for where, have, need in needs
+        if have < need
+    ]
     if short:
         return False, f"{what}: not tried: " + "; ".join(short)
     return True, f"{what}: tried by reference, compared in chunks"

@@ -23,16 +23,16 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
-from ropecheck.properties.sizes import HUGE_ELEMENTS, TOY, Sizes
-from ropecheck.call_forms import segment_lengths
+from ropecheck.properties.sizes import TOY, Sizes
 
 MAX_POSITION = 2**24
 POSITION_BUDGET = 2**27
 
 # Integer limits of the dtypes positions get wrongly held in, and 2^k +- 1.
 LIMITS = (255, 256, 257, 2047, 2048, 2049, 32767, 32768, 65504, 65505, 65535, 65536)
-BOUNDARIES = tuple(sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1)
-                           if v <= MAX_POSITION} | set(LIMITS)))
+BOUNDARIES = tuple(
+    sorted({v for k in range(1, 25) for v in (2**k - 1, 2**k, 2**k + 1) if v <= MAX_POSITION} | set(LIMITS))
+)
 
 # Three head sizes per run: a small one (minimal counterexamples; >= 4 so the layouts
 # differ), one that is not a multiple of 64 (special paths), and the common 128. Few
@@ -71,6 +71,7 @@ def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStr
 # Strategies are immutable: the ones built from draw-dependent arguments are cached, so a
 # draw reuses them instead of building (and validating) new strategy objects each time,
 # which was a third of a run's time. The same strategies, so the same draws.
+
 
 @lru_cache(maxsize=None)
 def offsets(limit: int) -> st.SearchStrategy[int]:
@@ -120,15 +121,17 @@ def _spread_positions(seed: int, batch: int, seq: int, limit: int) -> np.ndarray
     rng = np.random.default_rng(seed)
     size = batch * seq
     marked = np.asarray([b for b in BOUNDARIES if b <= limit] or [0], dtype=np.int64)
-    values = np.where(rng.random(size) < 0.5, rng.integers(0, limit + 1, size),
-                      rng.integers(0, min(limit, 4096) + 1, size))
-    values[:min(size, marked.size)] = marked[:size]
+    values = np.where(
+        rng.random(size) < 0.5, rng.integers(0, limit + 1, size), rng.integers(0, min(limit, 4096) + 1, size)
+    )
+    values[: min(size, marked.size)] = marked[:size]
     return values.reshape(batch, seq)
 
 
 @lru_cache(maxsize=None)
-def position_grids(batch: int, seq: int, limit: int = MAX_POSITION,
-                   row_offsets: bool = False) -> st.SearchStrategy[np.ndarray]:
+def position_grids(
+    batch: int, seq: int, limit: int = MAX_POSITION, row_offsets: bool = False
+) -> st.SearchStrategy[np.ndarray]:
     """(batch, seq) int64 positions, every value in [0, limit]; ``row_offsets``: offset +
     arange(seq) in every row."""
     return _position_grids(batch, seq, limit, row_offsets)
@@ -152,8 +155,11 @@ def seq_lengths(short: st.SearchStrategy, min_seq: int, max_seq: int) -> st.Sear
         return short
     top = max(min_seq, max_seq)
     long = [n for n in LONG_SEQS if min_seq <= n <= top]
-    return st.one_of(st.integers(min_seq, max(min_seq, min(8, top))), st.integers(min_seq, top),
-                     *([st.sampled_from(long)] if long else []))
+    return st.one_of(
+        st.integers(min_seq, max(min_seq, min(8, top))),
+        st.integers(min_seq, top),
+        *([st.sampled_from(long)] if long else []),
+    )
 
 
 @lru_cache(maxsize=None)
@@ -198,8 +204,21 @@ def cut_lengths(lengths, min_seq: int, elements_per_token: int, sizes: Sizes) ->
 
 
 @st.composite
-def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, positions,
-           call="x", k_optional=False, row_offsets=False, sizes=TOY, max_seq=None) -> Case:
+def _cases(
+    draw,
+    dtype,
+    rotary_dim,
+    min_batch,
+    min_seq,
+    max_position,
+    memory,
+    positions,
+    call="x",
+    k_optional=False,
+    row_offsets=False,
+    sizes=TOY,
+    max_seq=None,
+) -> Case:
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
     if call == "packed":
         return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions, sizes, longest))
@@ -214,10 +233,13 @@ def _cases(draw, dtype, rotary_dim, min_batch, min_seq, max_position, memory, po
     head_dim = draw(head_dims(rotary_dim, sizes))
     seq = fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim, sizes)
     limit = min(max_position, max_position_for(head_dim))
-    grid = (draw(position_grids(batch, seq, limit, row_offsets)) if positions
-            else np.zeros((batch, seq), dtype=np.int64))
+    grid = draw(position_grids(batch, seq, limit, row_offsets)) if positions else np.zeros((batch, seq), dtype=np.int64)
     case = Case(
-        dtype=dtype, batch=batch, seq=seq, heads=heads, head_dim=head_dim,
+        dtype=dtype,
+        batch=batch,
+        seq=seq,
+        heads=heads,
+        head_dim=head_dim,
         positions=tuple(map(tuple, grid.tolist())),
         memory=draw(st.sampled_from(memory)),
         scale=draw(st.sampled_from(scales(dtype))),
@@ -250,10 +272,12 @@ def grouped_heads(ratios: tuple, k_optional: bool) -> st.SearchStrategy[tuple]:
     """(q heads, k heads) of a production (q, k) call: q/k ratio from ``ratios`` (1: MHA,
     4 and 8: GQA as Llama's, 32: one key head for 32 query heads), k_heads 0 (k=None)
     where the target accepts it."""
+
     def pair(ratio_and_k):
         ratio, k = ratio_and_k
         k = min(k, max(1, 64 // ratio))
         return ratio * k, k
+
     drawn = st.tuples(st.sampled_from(ratios), st.sampled_from(GROUPED_K_HEADS)).map(pair)
     if k_optional:
         drawn = st.one_of(drawn, st.sampled_from((1, 8, 32)).map(lambda q: (q, 0)))
@@ -274,8 +298,7 @@ def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]
 
 
 @st.composite
-def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions,
-                  sizes=TOY, max_seq=24) -> Case:
+def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions, sizes=TOY, max_seq=24) -> Case:
     head_dim = draw(head_dims(rotary_dim, sizes))
     limit = min(max_position, max_position_for(head_dim))
     if positions:
@@ -292,23 +315,54 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
     lengths = cut_lengths(lengths, min_seq, heads * head_dim, sizes)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
     usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
-    return Case(dtype=dtype, batch=1, seq=int(row.size), heads=heads,
-                head_dim=head_dim, positions=(tuple(row.tolist()),),
-                memory=draw(st.sampled_from(usable)), scale=draw(st.sampled_from(scales(dtype))),
-                seed=draw(st.integers(0, 2**16)), call="packed", lengths=tuple(lengths))
+    return Case(
+        dtype=dtype,
+        batch=1,
+        seq=int(row.size),
+        heads=heads,
+        head_dim=head_dim,
+        positions=(tuple(row.tolist()),),
+        memory=draw(st.sampled_from(usable)),
+        scale=draw(st.sampled_from(scales(dtype))),
+        seed=draw(st.integers(0, 2**16)),
+        call="packed",
+        lengths=tuple(lengths),
+    )
 
 
 @lru_cache(maxsize=None)
-def cases(dtype: str, rotary_dim: int | None = None, *, min_batch: int = 1,
-          min_seq: int = 1, max_position: int = MAX_POSITION,
-          memory=MEMORY_LAYOUTS, positions=True, call: str = "x",
-          k_optional: bool = False, row_offsets: bool = False, sizes: Sizes = TOY,
-          max_seq: int | None = None) -> st.SearchStrategy[Case]:
+def cases(
+    dtype: str,
+    rotary_dim: int | None = None,
+    *,
+    min_batch: int = 1,
+    min_seq: int = 1,
+    max_position: int = MAX_POSITION,
+    memory=MEMORY_LAYOUTS,
+    positions=True,
+    call: str = "x",
+    k_optional: bool = False,
+    row_offsets: bool = False,
+    sizes: Sizes = TOY,
+    max_seq: int | None = None,
+) -> st.SearchStrategy[Case]:
     """RoPE inputs (Case records) in ``dtype``, in the target's call form, at ``sizes``
     (``max_seq``: a property's own cap on the sequence); ``row_offsets``: positions offset
     + arange(seq) in every row."""
-    return _cases(dtype, rotary_dim, min_batch, min_seq, max_position, tuple(memory), positions,
-                  call, k_optional, row_offsets, sizes, max_seq)
+    return _cases(
+        dtype,
+        rotary_dim,
+        min_batch,
+        min_seq,
+        max_position,
+        tuple(memory),
+        positions,
+        call,
+        k_optional,
+        row_offsets,
+        sizes,
+        max_seq,
+    )
 
 
 @lru_cache(maxsize=None)
@@ -318,140 +372,6 @@ def prime_step(cap: int, limit: int) -> int:
     import sympy
 
     return min(cap, int(sympy.prevprime(limit + 1)))
-
-
-def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
-    """Inputs every run tries first, whatever the seed: decode at large per-row offsets,
-    every boundary position up to 2^24 on a non-power-of-two head size, per-row
-    offsets on a padded view, two rows of a transposed view; in the target's call form,
-    and for the qk form a grouped-query input (``gqa_case``)."""
-    r = rotary_dim
-    small = FREE_HEAD_DIMS[0] if r is None else r
-    other = FREE_HEAD_DIMS[1] if r is None else r + 48
-    mid = FREE_HEAD_DIMS[2] if r is None else 4 * r
-    boundary = [0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504,
-                65505, 2**20 + 1, 2**24]
-    limit_other = max_position_for(other)
-    cap = [min(p, limit_other) for p in boundary]
-    return [in_form(case, call) for case in (
-        Case(dtype, 2, 1, 2, mid, ((4097,), (70001,)), "transposed", 1.0, 1),
-        Case(dtype, 1, len(cap), 1, other, (tuple(cap),), "contiguous", 1.0, 2),
-        Case(dtype, 1, len(boundary), 2, small, (tuple(boundary),), "strided-heads", 1.0, 3),
-        Case(dtype, 3, 5, 2, mid, tuple(tuple(o + i for i in range(5)) for o in (0, 1000, 70000)),
-             "padded", scales(dtype)[-1], 4),
-        # HF's layout with two rows: its one-token slices (decode steps) have a row stride
-        # that is not heads x head_dim
-        Case(dtype, 2, 4, 2, small, ((0, 1, 2, 3), (100, 101, 102, 103)), "transposed", 1.0, 5),
-    )] + ([gqa_case(dtype, small)] if call == "qk" else [])
-
-
-def gqa_case(dtype: str, head_dim: int) -> Case:
-    """The qk form's fixed grouped-query input: 4 query heads sharing 2 key heads (q head h
-    attends k head h // 2), in storages of their own, two rows at different offsets: a
-    kernel that maps q heads to k heads wrongly, or reads k's heads with q's stride, fails
-    whatever the draws (MHA and MQA have no group to get wrong)."""
-    return Case(dtype, 2, 3, 4, head_dim, ((0, 1, 2), (500, 501, 502)), "contiguous", 1.0, 6,
-                call="qk", k_heads=2, separate=True)
-
-
-def large_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
-    """Fixed large inputs every run tries, for a kernel that takes another path above a
-    size: 2^14 and 2^15 + 1 token x head products, head_dim 256 (4 r with a partial
-    rotary dim r), and 32 query heads with one key head."""
-    r = rotary_dim
-    small, wide = r or FREE_HEAD_DIMS[0], 256 if r is None else 4 * r
-
-    def rows(*starts, seq):
-        return tuple(tuple(range(o, o + seq)) for o in starts)
-
-    # the small head size where the threshold is in tokens x heads: the same dispatch, an
-    # eighth of the float64 reference's work
-    return [in_form(case, call, large=True) for case in (
-        Case(dtype, 2, 1024, 8, small, rows(0, 5000, seq=1024), "contiguous", 1.0, 21),
-        Case(dtype, 1, 3641, 9, small, rows(100, seq=3641), "contiguous", 1.0, 22),
-        Case(dtype, 1, 64, 4, wide, rows(70000, seq=64), "transposed", 1.0, 23),
-        Case(dtype, 1, 64, 33, r or FREE_HEAD_DIMS[2], rows(4000, seq=64), "contiguous", 1.0, 24),
-    )]
-
-
-def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
-                     sizes: Sizes = TOY) -> list[Case]:
-    """Fixed inputs at production sizes: a long prefill (the longest sequence, 8 heads and
-    the common head size), the widest head, a head size past 128 that is not a power of
-    two (a kernel's block of the next power of two, masked), and a decode batch; each cut
-    to the sizes' element budget. Empty for sizes that are not production ones."""
-    if not sizes.production:
-        return []
-    dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
-    common = 128 if 128 in dims else max(dims)
-    widest = max(dims)
-    odd = next((d for d in dims if d > 128 and d & (d - 1)), widest)
-
-    def fitted(batch, seq, heads, head_dim, start, memory, seed) -> Case:
-        seq = fitted_seq(seq, 1, batch * heads * head_dim, sizes)
-        rows = tuple(tuple(range(start + 1000 * b, start + 1000 * b + seq)) for b in range(batch))
-        return Case(dtype, batch, seq, heads, head_dim, rows, memory, 1.0, seed)
-
-    return [in_form(case, call, large=True) for case in (
-        fitted(1, sizes.max_seq, 9, common, 0, "contiguous", 31),
-        fitted(2, 256, 5, widest, 4000, "transposed", 32),
-        fitted(1, 1000, 5, odd, 100, "padded", 33),
-        fitted(64, 1, 33, common, 8000, "contiguous", 34),
-    )]
-
-
-def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:
-    """The input past 2^31 elements (``sizes.HUGE_ELEMENTS``): 64 rows of 32 heads
-    of 128 (4 r with a partial rotary dim r) counting up from different offsets; a kernel
-    that indexes with int32 offsets wraps around past element 2^31 - 1."""
-    head_dim = 128 if rotary_dim is None else 4 * rotary_dim
-    heads, batch = 32, 64
-    seq = -(-HUGE_ELEMENTS // (batch * heads * head_dim))
-    rows = tuple(tuple(range(o, o + seq)) for o in range(0, 7 * batch, 7))
-    return in_form(Case(dtype, batch, seq, heads, head_dim, rows, "contiguous", 1.0, 41), call, large=True)
-
-
-def counts_up(case: Case) -> bool:
-    """Whether every row of the case's positions is offset + arange(seq)."""
-    p = case.positions_array()
-    return bool((np.diff(p, axis=1) == 1).all())
-
-
-def within(case: Case, limit: int, keep_rows: bool = False) -> Case:
-    """A fixed input with its positions in [0, limit]: clipped, or moved down as a whole
-    (they keep counting up) per packed sequence, and per row with ``keep_rows``."""
-    p = case.positions_array()
-    if keep_rows and case.call != "packed":
-        return case.with_positions(np.maximum(p - np.maximum(p.max(1, keepdims=True) - limit, 0), 0))
-    if case.call != "packed":
-        return case.with_positions(np.minimum(p, limit))
-    row, out, start = p[0], [], 0
-    for n in case.lengths:
-        seq = row[start:start + n]
-        out.append(seq - max(int(seq.max(initial=0)) - limit, 0))
-        start += n
-    return case.with_positions(np.maximum(np.concatenate(out)[None, :], 0))
-
-
-def in_form(case: Case, call: str, large: bool = False) -> Case:
-    """A fixed input in another call form. qk: x's heads become q's and k's (one key
-    head, or as many as q's on odd seeds; a large input's last head is its one key head),
-    in storages of their own on even seeds. packed: each row's runs of consecutive
-    positions become sequences, an empty one after the first."""
-    if call == "qk":
-        if large:
-            return replace(case, call="qk", heads=case.heads - 1, k_heads=1)
-        k = case.heads if case.seed % 2 else 1
-        return replace(case, call="qk", k_heads=k, separate=case.seed % 2 == 0)
-    if call == "packed":
-        rows = case.positions_array()
-        lengths = [n for row in rows for n in segment_lengths(row)]
-        lengths.insert(1, 0)
-        memory = case.memory if case.memory in PACKED_MEMORY else "contiguous"
-        return replace(case, call="packed", batch=1, seq=int(rows.size),
-                       positions=(tuple(rows.reshape(-1).tolist()),), memory=memory,
-                       lengths=tuple(lengths))
-    return case
 
 
 def grad_layouts(ctx, case):

@@ -96,8 +96,7 @@ and a centred one past twice that. Distances range over 0 .. M as well.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -105,14 +104,33 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
-from ropecheck.properties.property import Family, FamilyContext, Property, SmokeInput, family_registry
+from ropecheck.properties.convention import XposConvention, scores
+from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.interface import Subject
+from ropecheck.properties.property import (
+    Declaration,
+    Family,
+    FamilyContext,
+    FamilyError,
+    Property,
+    SmokeInput,
+    family_registry,
+)
 from ropecheck.properties.sizes import TOY, Sizes
-from ropecheck.properties.strategies import (SCORES_MAX_SEQ, example_grad_layout, fitted_seq, grad_layouts,
-                                             grouped_heads, k_heads, prime_step, seq_lengths, small_offsets)
-from ropecheck.reference.relatives import XPOS_GAMMA, XPOS_SCALE_BASE, apply_xpos, xpos_zeta
-from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
-from ropecheck.dtypes import torch_dtype
-from ropecheck.tolerance import U32
+from ropecheck.properties.strategies import (
+    SCORES_MAX_SEQ,
+    example_grad_layout,
+    fitted_seq,
+    grad_layouts,
+    grouped_heads,
+    k_heads,
+    prime_step,
+    seq_lengths,
+    small_offsets,
+)
+from ropecheck.properties.tolerance import U32
+from ropecheck.reference.relatives import xpos_zeta
+from ropecheck.reference.rope import DEFAULT_BASE, inv_freq, pair_indices
 
 XPOS_MAX_POSITION = 4096
 XPOS_OPS = 3.0  # the scale: rounded to the compute dtype, its reciprocal, the extra product
@@ -122,68 +140,24 @@ POSITION_STEP = 1009  # position-used: a prime step, so no pair's rotation comes
 SCORE_AXES = ("batch", "q head", "query", "key")
 
 
-@dataclass(frozen=True)
-class XposConvention:
-    layout: str = "interleaved"
-    base: float = DEFAULT_BASE
-    gamma: float = XPOS_GAMMA
-    scale_base: float = XPOS_SCALE_BASE
-
-    def __post_init__(self):
-        check_layout(self.layout)
-        if not (self.base > 1 and self.scale_base > 0 and self.gamma > 0):
-            raise ValueError(f"xPos needs base > 1, scale_base > 0, gamma > 0; got {self}")
-
-    @property
-    def description(self) -> str:
-        return (f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, "
-                f"gamma {self.gamma:g}")
-
-    def scores(self, q64, k64, positions) -> np.ndarray:
-        """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
-        return _scores(apply_xpos(q64, positions, role="query", **kw),
-                       apply_xpos(k64, positions, role="key", **kw))
-
-    def gradient_scores(self, gq64, gk64, positions) -> np.ndarray:
-        """Reference dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i for the
-        VJP at positions m, n: xPos with the roles swapped at -m, -n (the key role scales by
-        zeta^(+m/s), R_{-m} = R_m^T)."""
-        kw = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
-        negated = -np.asarray(positions)
-        return _scores(apply_xpos(gq64, negated, role="key", **kw),
-                       apply_xpos(gk64, negated, role="query", **kw))
+def max_position(target: Subject) -> int:
+    """The largest position an xPos check uses: the target's, at most XPOS_MAX_POSITION."""
+    return min(target.max_position or XPOS_MAX_POSITION, XPOS_MAX_POSITION)
 
 
-@dataclass
-class XposTarget:
-    name: str
-    fn: Callable  # xpos(q, k, positions) -> (q_out, k_out)
-    convention: XposConvention = field(default_factory=XposConvention)
-    head_dims: tuple = (8, 64)
-    max_position: int = XPOS_MAX_POSITION
-    inplace: bool = False  # read by Caller
-    executor: object = None  # where calls run (ropecheck.calling.executor_of)
-    backward: bool = True  # autograd flows through it (the backward property needs it)
-    dtypes: tuple = ("float32", "bfloat16", "float16", "float64")  # the dtypes a run may check
-    call: str = "qk"  # xPos takes q and k: the qk call form (ropecheck.call_forms)
-    device: str = "cpu"  # where its inputs are made (--device; read by Caller)
-    mode: str = "eager"  # how it is run (--mode; read by Caller)
-
-    @property
-    def position_step(self) -> int:
-        """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
-        half the declared range for the inputs."""
-        return prime_step(POSITION_STEP, self.max_position // 2)
+def position_step(target: Subject) -> int:
+    """position-used moves a token by POSITION_STEP, or by the largest prime that leaves
+    half the declared range for the inputs."""
+    return prime_step(POSITION_STEP, max_position(target) // 2)
 
 
-def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
+def xpos_cases(target: Subject, dtype: str, min_seq: int = 1, headroom: int = 0, sizes: Sizes = TOY):
     """One (q, k) input in the qk form: q's heads (1, 2 or 4), then k's: as many most of the
     time, else a divisor of q's (GQA; one head, MQA, the likeliest), in one tensor or in
     storages of their own; positions in 0 .. max_position - headroom: a tight cluster or
     spread over the range. At production ``sizes``: their heads and q/k ratios, sequences
     up to SCORES_MAX_SEQ (every xPos check compares scores)."""
-    top = target.max_position - headroom
+    top = max_position(target) - headroom
     longest = min(sizes.max_seq, SCORES_MAX_SEQ)
 
     @st.composite
@@ -198,13 +172,9 @@ def xpos_cases(target: XposTarget, dtype: str, min_seq: int = 1, headroom: int =
         p = (small_offsets(d, b * s, spread) + start).reshape(b, s)
         head_dim, seed = d(st.sampled_from(target.head_dims)), d(st.integers(0, 2**16))
         kv = d(st.one_of(st.just(h), k_heads(h, False))) if kv is None else kv
-        return Case(dtype, b, s, h, head_dim, nested(p), seed=seed, call="qk", k_heads=kv,
-                    separate=d(st.booleans()))
+        return Case(dtype, b, s, h, head_dim, nested(p), seed=seed, call="qk", k_heads=kv, separate=d(st.booleans()))
+
     return draw()
-
-
-def _scores(q, k) -> np.ndarray:
-    return np.einsum("bihd,bjhd->bhij", q, k)
 
 
 def _qk(x64: np.ndarray, heads: int) -> tuple:
@@ -229,14 +199,14 @@ class XposContext(FamilyContext):
         q heads, query, key), in float64."""
         y = as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64)), case))
         (q, k), (q_out, k_out) = _qk(as_float64(x), case.heads), _qk(y, case.heads)
-        return _scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
+        return scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
 
     def pair_error(self, positions: np.ndarray, head_dim: int) -> np.ndarray:
         """eps_i(m) of the module docstring: (batch, seq, head_dim/2)."""
         conv, model = self.target.convention, self.model
         m = np.abs(positions).astype(np.float64)
         rotation = math.sqrt(2.0) * model.relative_bound(model.angle_error(m, inv_freq(head_dim, conv.base)))
-        power = np.maximum(m, self.target.max_position - m)[..., None] / conv.scale_base
+        power = np.maximum(m, max_position(self.target) - m)[..., None] / conv.scale_base
         ln_zeta = np.abs(np.log(xpos_zeta(head_dim, conv.gamma)))
         scale = U32 * (SCALE_POW_CONST + power * (ln_zeta + ZETA_CONST))
         return rotation + XPOS_OPS * model.unit + scale
@@ -257,14 +227,15 @@ class XposContext(FamilyContext):
         return bound + floor
 
 
-def _headroom(prop, target: XposTarget) -> int:
+def _headroom(prop, target: Subject) -> int:
     """How far below max_position a property's inputs stay (position-used moves a token up)."""
-    return min(prop.case_options.get("headroom", 0), target.position_step)
+    return min(prop.case_options.get("headroom", 0), position_step(target))
 
 
 def _xpos_cases(prop, ctx: XposContext):
-    return xpos_cases(ctx.target, ctx.dtype, prop.case_options.get("min_seq", 1), _headroom(prop, ctx.target),
-                      ctx.sizes)
+    return xpos_cases(
+        ctx.target, ctx.dtype, prop.case_options.get("min_seq", 1), _headroom(prop, ctx.target), ctx.sizes
+    )
 
 
 def _xpos_fixed(prop, ctx: XposContext) -> list:
@@ -272,64 +243,126 @@ def _xpos_fixed(prop, ctx: XposContext) -> list:
     serves q heads 2j and 2j + 1, in storages of their own), where a kernel that gives a q
     group the wrong k head shows; the draws have it rarely. Positions 0, 1, top / 4, top / 2,
     top the largest the property draws."""
-    top = ctx.target.max_position - _headroom(prop, ctx.target)
-    case = Case(ctx.dtype, 1, 4, 4, ctx.target.head_dims[-1], nested([[0, 1, top // 4, top // 2]]), seed=1,
-                call="qk", k_heads=2, separate=True)
+    top = max_position(ctx.target) - _headroom(prop, ctx.target)
+    case = Case(
+        ctx.dtype,
+        1,
+        4,
+        4,
+        ctx.target.head_dims[-1],
+        nested([[0, 1, top // 4, top // 2]]),
+        seed=1,
+        call="qk",
+        k_heads=2,
+        separate=True,
+    )
     return [(case, prop.example_extras(ctx, case))]
 
 
-def _xpos_smoke_inputs(target: XposTarget, dtype: str):
+def _xpos_smoke_inputs(target: Subject, dtype: str):
     for head_dim in target.head_dims:
         q = torch.randn(1, 3, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
         x = torch.cat((q, q.flip(1)), dim=2)  # the qk form's default split: q head 0, k head 1
-        yield SmokeInput(f"q, k {tuple(q.shape)}", f"q, k: shape {tuple(q.shape)} each (heads 0 and 1 of x "
-                         f"{tuple(x.shape)}) {dtype}, standard normal (seed 0), k = q reversed in seq; "
-                         "positions 0, 1, 2", lambda rope, x=x: rope(x, torch.arange(3).reshape(1, 3)))
+        yield SmokeInput(
+            f"q, k {tuple(q.shape)}",
+            f"q, k: shape {tuple(q.shape)} each (heads 0 and 1 of x "
+            f"{tuple(x.shape)}) {dtype}, standard normal (seed 0), k = q reversed in seq; "
+            "positions 0, 1, 2",
+            lambda rope, x=x: rope(x, torch.arange(3).reshape(1, 3)),
+        )
 
 
 # xPos: xpos(q, k, positions) -> (q_out, k_out) in the qk call form, a q/k family with a scale
 # model; a target that returns no pair of tensors cannot be judged as xPos at all
-XPOS = Family("xPos", XposContext, _xpos_cases, _xpos_fixed, smoke_inputs=_xpos_smoke_inputs,
-              unusable=("raised", "type"))
+def _declare(parameters: dict, own) -> Declaration:
+    """The xPos convention (defaults: the paper's, interleaved as its code); positions
+    drawn up to XPOS_MAX_POSITION (or the target's own, less)."""
+    base = parameters.get("base")
+    if isinstance(base, (list, tuple)):
+        if len(base) != 1:
+            raise FamilyError("--family xpos takes one --base")
+        base = base[0]
+    given = {k: float(parameters[k]) for k in ("gamma", "scale_base") if parameters.get(k) is not None}
+    try:
+        conv = XposConvention(
+            parameters.get("layout") or "interleaved", DEFAULT_BASE if base is None else float(base), **given
+        )
+    except ValueError as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conv, head_dims=(8, 64), max_position=XPOS_MAX_POSITION, dtypes=("float32", "bfloat16"))
+
+
+XPOS = Family(
+    "xpos",
+    XposContext,
+    _xpos_cases,
+    _xpos_fixed,
+    smoke_inputs=_xpos_smoke_inputs,
+    unusable=("raised", "type"),
+    calls=("qk",),
+    declare=_declare,
+    description="xpos(q, k, positions) -> (q_out, k_out), the qk call form (k may have fewer "
+    "heads), positions int64 (batch, seq)",
+)
 
 
 XPOS_PROPERTIES: dict[str, Property]
 XPOS_PROPERTIES, xpos_register = family_registry(XPOS)
 
 
-@xpos_register(name="contract", formula="(q_out, k_out) = xpos(q, k, P): a pair with q's and k's shapes and dtype, "
-                                        "finite, q, k and P untouched")
+@xpos_register(
+    name="contract",
+    formula="(q_out, k_out) = xpos(q, k, P): a pair with q's and k's shapes and dtype, finite, q, k and P untouched",
+)
 def xpos_contract(ctx: XposContext, case: Case) -> float:
     ctx.rope(case.tensor(), case.positions_tensor(), case)  # the Caller checks all of it
     return 0.0
 
 
-@xpos_register(name="reference-scores",
-               formula="q_out[m] . k_out[n] = sum_i zeta_i^((m-n)/s) [R_m q]_i . [R_n k]_i (float64 reference)")
+@xpos_register(
+    name="reference-scores",
+    formula="q_out[m] . k_out[n] = sum_i zeta_i^((m-n)/s) [R_m q]_i . [R_n k]_i (float64 reference)",
+)
 def xpos_reference_scores(ctx: XposContext, case: Case) -> float:
     x, p = case.tensor(), case.positions_array()
     got, bound = ctx.scores(case, x, p)
     expected = ctx.target.convention.scores(*_qk(as_float64(x), case.heads), p)
-    return assert_close(got, expected, bound, axes=SCORE_AXES,
-                        what=f"scores vs the float64 reference ({ctx.target.convention.description}"
-                             f"{_attends(case)})")
+    return assert_close(
+        got,
+        expected,
+        bound,
+        axes=SCORE_AXES,
+        what=f"scores vs the float64 reference ({ctx.target.convention.description}{_attends(case)})",
+    )
 
 
-@xpos_register(name="relativity", formula="scores at P + c = scores at P (all positions shifted by c)",
-               extras=lambda ctx, case: st.fixed_dictionaries({"c": st.integers(
-                   -int(case.positions_array().min()), ctx.target.max_position - int(case.positions_array().max()))}),
-               example_extras=lambda ctx, case: {"c": int(case.positions_array().max())})
+@xpos_register(
+    name="relativity",
+    formula="scores at P + c = scores at P (all positions shifted by c)",
+    extras=lambda ctx, case: st.fixed_dictionaries(
+        {
+            "c": st.integers(
+                -int(case.positions_array().min()), max_position(ctx.target) - int(case.positions_array().max())
+            )
+        }
+    ),
+    example_extras=lambda ctx, case: {"c": int(case.positions_array().max())},
+)
 def xpos_relativity(ctx: XposContext, case: Case, c: int) -> float:
     x, p = case.tensor(), case.positions_array()
     s0, b0 = ctx.scores(case, x, p)
     s1, b1 = ctx.scores(case, x, p + c)
-    return assert_close(s1, s0, b0 + b1, axes=SCORE_AXES,
-                        what=f"scores after shifting every position by {c}{_attends(case)}")
+    return assert_close(
+        s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}{_attends(case)}"
+    )
 
 
-@xpos_register(name="position-used", case_options={"min_seq": 2, "headroom": POSITION_STEP},
-               formula="moving the last token by c = 1009 (less in a smaller declared range) changes its scores with the others (distance is used); "
-                       "q = k = u, the unit vector of pair 0")
+@xpos_register(
+    name="position-used",
+    case_options={"min_seq": 2, "headroom": POSITION_STEP},
+    formula="moving the last token by c = 1009 (less in a smaller declared range) changes its scores with "
+    "the others (distance is used); q = k = u, the unit vector of pair 0",
+)
 def xpos_position_used(ctx: XposContext, case: Case) -> float:
     """With q = k = u on pair 0 alone, s(m, n) = zeta_0^((m-n)/s) cos((m-n) theta_0): one term, so
     the noise cannot cancel against other pairs. Moving the key by c = 1009 multiplies it by
@@ -339,7 +372,7 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
     u = torch.zeros(case.shape, dtype=torch_dtype(case.dtype))  # every head of q and k
     u[..., int(pair_indices(case.shape[-1], ctx.target.convention.layout)[0][0])] = 1.0
     moved = p.copy()
-    step = ctx.target.position_step
+    step = position_step(ctx.target)
     moved[:, -1] += step
     s0, b0 = ctx.scores(case, u, p)
     s1, b1 = ctx.scores(case, u, moved)
@@ -349,10 +382,13 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
 
     change, noise = np.abs(affected(s1) - affected(s0)), affected(b0) + affected(b1)
     best = np.argmax(change / np.maximum(noise, np.finfo(np.float64).tiny), axis=-1)[..., None]
-    return assert_distinct(np.take_along_axis(change, best, -1)[..., 0], 0.0, np.take_along_axis(noise, best, -1)[..., 0],
-                           axes=SCORE_AXES[:2],
-                           what=f"moving the last token by {step} leaves its scores unchanged: "
-                                "the position is not used")
+    return assert_distinct(
+        np.take_along_axis(change, best, -1)[..., 0],
+        0.0,
+        np.take_along_axis(noise, best, -1)[..., 0],
+        axes=SCORE_AXES[:2],
+        what=f"moving the last token by {step} leaves its scores unchanged: the position is not used",
+    )
 
 
 def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
@@ -360,16 +396,23 @@ def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
     heads): eps (batch, seq, d/2); grad, vector, vjp, forward (batch, seq, heads, d) in
     float64, the pairs in their layout's order (the same for all four)."""
     relative = (eps / (1.0 - eps))[:, :, None, :]
-    pairs = lambda t: np.hypot(t[..., 0::2], t[..., 1::2])
+
+    def pairs(t):
+        return np.hypot(t[..., 0::2], t[..., 1::2])
+
     terms = pairs(vjp) * pairs(vector) + pairs(grad) * pairs(forward)
     return np.sum(relative * terms, -1) + floor * (np.abs(vector).sum(-1) + np.abs(grad).sum(-1))
 
 
-@xpos_register(name="backward", needs_backward=True,
-               formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
-                       "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
-                       "centre-free)",
-               extras=grad_layouts, example_extras=example_grad_layout)
+@xpos_register(
+    name="backward",
+    needs_backward=True,
+    formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
+    "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
+    "centre-free)",
+    extras=grad_layouts,
+    example_extras=example_grad_layout,
+)
 def xpos_backward(ctx: XposContext, case: Case, grad_layout: str) -> float:
     """The target's VJP at x = (q, k) with the incoming gradient g = (gq, gk): the adjoint
     identity for each of q and k against the target's own forward, then the gradient scores
@@ -388,14 +431,25 @@ def xpos_backward(ctx: XposContext, case: Case, grad_layout: str) -> float:
     worst = 0.0
     for name, heads in (("q", slice(None, case.heads)), ("k", slice(case.heads, None))):
         vjp, g_, v_, forward = (t[:, :, heads] for t in (dx, g64, v64, fv))
-        bound = _adjoint_bound(eps, g_[..., order], v_[..., order], vjp[..., order], forward[..., order],
-                               ctx.model.floor)
-        worst = max(worst, assert_close(np.sum(vjp * v_, -1), np.sum(g_ * forward, -1), bound,
-                                        axes=("batch", "seq", f"{name} head"),
-                                        what=f"adjoint identity for {name}: <d{name}, v{name}> = "
-                                             f"<g{name}, {name}_out(v{name})> per head"))
+        bound = _adjoint_bound(
+            eps, g_[..., order], v_[..., order], vjp[..., order], forward[..., order], ctx.model.floor
+        )
+        worst = max(
+            worst,
+            assert_close(
+                np.sum(vjp * v_, -1),
+                np.sum(g_ * forward, -1),
+                bound,
+                axes=("batch", "seq", f"{name} head"),
+                what=f"adjoint identity for {name}: <d{name}, v{name}> = <g{name}, {name}_out(v{name})> per head",
+            ),
+        )
     (gq, gk), (dq, dk) = _qk(g64, case.heads), _qk(dx, case.heads)
-    scores = assert_close(_scores(dq, dk), conv.gradient_scores(gq, gk, p), ctx.score_bound(gq, gk, p, dq, dk),
-                          axes=SCORE_AXES, what=f"gradient scores dq[m] . dk[n] vs the float64 reference "
-                                                f"({conv.description}{_attends(case)})")
-    return max(worst, scores)
+    gradient = assert_close(
+        scores(dq, dk),
+        conv.gradient_scores(gq, gk, p),
+        ctx.score_bound(gq, gk, p, dq, dk),
+        axes=SCORE_AXES,
+        what=f"gradient scores dq[m] . dk[n] vs the float64 reference ({conv.description}{_attends(case)})",
+    )
+    return max(worst, gradient)

@@ -80,6 +80,7 @@ def rotation_matrix_expm(
 ) -> np.ndarray:
     """R_m = scipy.linalg.expm(m B), shape (*m.shape, d, d)."""
     import scipy.linalg  # here: a worker process that never calls it need not import it
+
     b = generator(head_dim, layout=layout, base=base, rotary_dim=rotary_dim)
     m = np.asarray(m)
     if not np.issubdtype(m.dtype, np.integer):

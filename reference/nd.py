@@ -56,8 +56,12 @@ class PairRotation:
 
     @property
     def arrays(self):
-        return (np.asarray(self.first), np.asarray(self.second), np.asarray(self.axis),
-                np.asarray(self.theta, dtype=np.float64))
+        return (
+            np.asarray(self.first),
+            np.asarray(self.second),
+            np.asarray(self.axis),
+            np.asarray(self.theta, dtype=np.float64),
+        )
 
     def pair_positions(self, positions) -> np.ndarray:
         """x_{axis_p} for every pair: shape (*positions.shape[:-1], n_pairs)."""
@@ -114,8 +118,15 @@ def _split(values: Optional[Sequence], n: int, default, what: str) -> list:
     return values
 
 
-def axial(head_dim: int, n_axes: int, *, layout: str = "interleaved", base=DEFAULT_BASE,
-          split: Optional[Sequence[int]] = None, thetas: Optional[Sequence] = None) -> PairRotation:
+def axial(
+    head_dim: int,
+    n_axes: int,
+    *,
+    layout: str = "interleaved",
+    base=DEFAULT_BASE,
+    split: Optional[Sequence[int]] = None,
+    thetas: Optional[Sequence] = None,
+) -> PairRotation:
     """Features split into consecutive per-axis blocks (``split``: features per axis, even,
     default head_dim / n_axes each); block k is a 1-D RoPE of its own width with
     ``layout`` and theta_i = base_k^(-2i/width) (``base``: one value or one per axis), or
@@ -138,15 +149,30 @@ def axial(head_dim: int, n_axes: int, *, layout: str = "interleaved", base=DEFAU
         t = inv_freq(width, float(bases[k])) if thetas is None else np.asarray(thetas[k], np.float64)
         if t.shape != (width // 2,):
             raise ValueError(f"axis {k}: {width // 2} frequencies expected, got {t.shape}")
-        first += (i + start).tolist(); second += (j + start).tolist()
-        axis += [k] * (width // 2); theta += t.tolist()
+        first += (i + start).tolist()
+        second += (j + start).tolist()
+        axis += [k] * (width // 2)
+        theta += t.tolist()
         start += width
-    return PairRotation(head_dim, n_axes, tuple(first), tuple(second), tuple(axis), tuple(theta),
-                        f"axial {n_axes}-D, split {list(split)}, {layout}")
+    return PairRotation(
+        head_dim,
+        n_axes,
+        tuple(first),
+        tuple(second),
+        tuple(axis),
+        tuple(theta),
+        f"axial {n_axes}-D, split {list(split)}, {layout}",
+    )
 
 
-def mrope(sections: Sequence[int], *, layout: str = "half", base: float = DEFAULT_BASE,
-          head_dim: Optional[int] = None, interleaved: bool = False) -> PairRotation:
+def mrope(
+    sections: Sequence[int],
+    *,
+    layout: str = "half",
+    base: float = DEFAULT_BASE,
+    head_dim: Optional[int] = None,
+    interleaved: bool = False,
+) -> PairRotation:
     """M-RoPE: one 1-D RoPE over d = 2 * sum(sections) features (theta_i = base^(-2i/d),
     ``layout``) whose pairs are assigned to axes by ``sections`` (pairs per axis: t, h, w).
 
@@ -167,15 +193,22 @@ def mrope(sections: Sequence[int], *, layout: str = "half", base: float = DEFAUL
         n = len(sections)
         axis = np.zeros(d // 2, dtype=np.int64)
         for k in range(1, n):
-            axis[k:n * sections[k]:n] = k
+            axis[k : n * sections[k] : n] = k
     else:
         axis = np.repeat(np.arange(len(sections)), sections)
-    return PairRotation(head_dim, len(sections), tuple(i.tolist()), tuple(j.tolist()),
-                        tuple(axis.tolist()), tuple(inv_freq(d, base).tolist()),
-                        f"M-RoPE sections {sections}{', interleaved' if interleaved else ''}, {layout}")
+    return PairRotation(
+        head_dim,
+        len(sections),
+        tuple(i.tolist()),
+        tuple(j.tolist()),
+        tuple(axis.tolist()),
+        tuple(inv_freq(d, base).tolist()),
+        f"M-RoPE sections {sections}{', interleaved' if interleaved else ''}, {layout}",
+    )
 
 
 # --- the general case: expm of a sum of generators ---------------------------------
+
 
 def validate_generators(generators, *, atol: float = 1e-12) -> list:
     """The seed's relativity constraints: every B_k skew-symmetric (B^T = -B) and every two
@@ -189,16 +222,20 @@ def validate_generators(generators, *, atol: float = 1e-12) -> list:
             raise GeneratorError(f"B_{k + 1} must be square and of the same size as B_1, got {b.shape}")
         scale = max(1.0, np.abs(b).max())
         if np.abs(b + b.T).max() > atol * scale:
-            raise GeneratorError(f"B_{k + 1} is not skew-symmetric: max |B + B^T| = {np.abs(b + b.T).max():.3g}"
-                                 " (relativity needs B^T = -B)")
+            raise GeneratorError(
+                f"B_{k + 1} is not skew-symmetric: max |B + B^T| = {np.abs(b + b.T).max():.3g}"
+                " (relativity needs B^T = -B)"
+            )
     for j in range(len(gens)):
         for k in range(j + 1, len(gens)):
             c = gens[j] @ gens[k] - gens[k] @ gens[j]
             scale = max(1.0, np.abs(gens[j]).max() * np.abs(gens[k]).max())
             if np.abs(c).max() > atol * scale:
-                raise GeneratorError(f"B_{j + 1} and B_{k + 1} do not commute: max |B_{j + 1} B_{k + 1} - "
-                                     f"B_{k + 1} B_{j + 1}| = {np.abs(c).max():.3g} (relativity needs "
-                                     "commuting generators)")
+                raise GeneratorError(
+                    f"B_{j + 1} and B_{k + 1} do not commute: max |B_{j + 1} B_{k + 1} - "
+                    f"B_{k + 1} B_{j + 1}| = {np.abs(c).max():.3g} (relativity needs "
+                    "commuting generators)"
+                )
     return gens
 
 
@@ -215,4 +252,5 @@ def rotation_expm(position, generators, *, validate: bool = True) -> np.ndarray:
 def apply_sum_rotation(x, positions, *, layout: str = "interleaved", base: float = DEFAULT_BASE) -> np.ndarray:
     """The seed's eq. 14: every pair of a 1-D RoPE turned by (x_1 + .. + x_n) theta_i."""
     from ropecheck.reference.rope import apply_rope
+
     return apply_rope(x, np.asarray(positions).sum(-1), layout=layout, base=base)

@@ -45,6 +45,7 @@ XPOS_SCALE_BASE = 512.0
 
 # --- xPos ---------------------------------------------------------------------------
 
+
 def xpos_zeta(d: int, gamma: float = XPOS_GAMMA, *, seed_form: bool = False) -> np.ndarray:
     """zeta_i per pair, shape (d/2,). Paper: (2i/d + gamma)/(1 + gamma), i = 0..d/2-1.
     ``seed_form``: the seed's (1 + gamma)/(2n/d + gamma), n = 1..d/2."""
@@ -55,8 +56,16 @@ def xpos_zeta(d: int, gamma: float = XPOS_GAMMA, *, seed_form: bool = False) -> 
     return (2 * i / d + gamma) / (1 + gamma)
 
 
-def apply_xpos(x, positions, *, role: str, layout: str = "interleaved", base: float = DEFAULT_BASE,
-               gamma: float = XPOS_GAMMA, scale_base: float = XPOS_SCALE_BASE) -> np.ndarray:
+def apply_xpos(
+    x,
+    positions,
+    *,
+    role: str,
+    layout: str = "interleaved",
+    base: float = DEFAULT_BASE,
+    gamma: float = XPOS_GAMMA,
+    scale_base: float = XPOS_SCALE_BASE,
+) -> np.ndarray:
     """xPos on x (..., d) at integer positions (leading x's shape): R_m x with pair i scaled by
     zeta_i^(m / scale_base) (role 'query') or zeta_i^(-m / scale_base) (role 'key'); pair i is
     the one ``pair_indices(d, layout)`` names."""
@@ -76,6 +85,7 @@ def apply_xpos(x, positions, *, role: str, layout: str = "interleaved", base: fl
 
 
 # --- linear attention with RoPE (seed eq. 10/11) -------------------------------------
+
 
 def _feature_map(x):
     """phi = psi = elu(x) + 1, a non-negative feature map."""
@@ -107,6 +117,7 @@ def linear_attention_linear(q, k, v, positions, *, base: float = DEFAULT_BASE) -
 
 # --- ALiBi ----------------------------------------------------------------------------
 
+
 def alibi_slopes(n_heads: int) -> np.ndarray:
     if n_heads < 1:
         raise ValueError(f"n_heads must be >= 1, got {n_heads}")
@@ -131,8 +142,10 @@ def alibi_bias(q_positions, k_positions, n_heads: int, *, causal: bool = False) 
 
 # --- T5 relative buckets ----------------------------------------------------------------
 
-def t5_bucket(relative_position, *, bidirectional: bool = True, num_buckets: int = 32,
-              max_distance: int = 128) -> np.ndarray:
+
+def t5_bucket(
+    relative_position, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> np.ndarray:
     """Bucket of relative_position = key - query (integer array)."""
     rel = np.asarray(relative_position, dtype=np.int64)
     out = np.zeros_like(rel)
@@ -145,8 +158,9 @@ def t5_bucket(relative_position, *, bidirectional: bool = True, num_buckets: int
     max_exact = num_buckets // 2
     is_small = n < max_exact
     with np.errstate(divide="ignore"):
-        large = max_exact + (np.log(np.maximum(n, 1) / max_exact) / math.log(max_distance / max_exact)
-                             * (num_buckets - max_exact)).astype(np.int64)
+        large = max_exact + (
+            np.log(np.maximum(n, 1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+        ).astype(np.int64)
     large = np.minimum(large, num_buckets - 1)
     return out + np.where(is_small, n, large)
 
@@ -159,6 +173,7 @@ def t5_bias(q_positions, k_positions, table, **kw) -> np.ndarray:
 
 # --- Transformer-XL --------------------------------------------------------------------
 
+
 def transformer_xl_scores(q, k, q_positions, k_positions, w_r, u, v) -> np.ndarray:
     """(nq, nk): q.k + q.W R_{i-j} + u.k + v.W R_{i-j}, with R the sinusoidal encoding of
     i - j (shape (d,)), W = w_r (d, d)."""
@@ -170,6 +185,7 @@ def transformer_xl_scores(q, k, q_positions, k_positions, w_r, u, v) -> np.ndarr
 
 # --- DeBERTa -----------------------------------------------------------------------------
 
+
 def deberta_relative(q_positions, k_positions, k_max: int) -> np.ndarray:
     """delta(i, j) = clip(i - j, -k, k - 1) + k, in [0, 2k) (the paper's eq. 2 as an index)."""
     rel = np.asarray(q_positions)[:, None] - np.asarray(k_positions)[None, :]
@@ -177,6 +193,7 @@ def deberta_relative(q_positions, k_positions, k_max: int) -> np.ndarray:
 
 
 # --- the long-range decay bound -----------------------------------------------------------
+
 
 def decay_bound(distances, d: int = 128, base: float = DEFAULT_BASE) -> np.ndarray:
     """(1/(d/2)) sum_{j=1}^{d/2} |S_j|, S_j = sum_{i<j} e^{i r theta_i}, for each distance r."""
@@ -188,6 +205,7 @@ def decay_bound(distances, d: int = 128, base: float = DEFAULT_BASE) -> np.ndarr
 
 # --- what each family promises ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -198,8 +216,12 @@ class Family:
 
 FAMILIES = {
     "rope": Family("rope", frozenset({"relativity", "norm"})),
-    "xpos": Family("xpos", frozenset({"relativity"}), frozenset({"norm"}),
-                   "relativity of the scaled product q_m . k_n; norms scale by zeta^(m/s)"),
+    "xpos": Family(
+        "xpos",
+        frozenset({"relativity"}),
+        frozenset({"norm"}),
+        "relativity of the scaled product q_m . k_n; norms scale by zeta^(m/s)",
+    ),
     "sinusoidal": Family("sinusoidal", frozenset(), frozenset({"relativity", "norm"}), "a negative control"),
     "alibi": Family("alibi", frozenset({"relative-bias"})),
     "t5": Family("t5", frozenset({"relative-bias"})),

@@ -77,8 +77,7 @@ class Scaling:
     def parameters(self) -> dict:
         """The HF-style rope_parameters of this scaling (without rope_theta)."""
         out = {"rope_type": self.rope_type}
-        out.update({f.name: getattr(self, f.name) for f in fields(self)
-                     if getattr(self, f.name) is not None})
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None})
         return out
 
     def flag(self) -> str:
@@ -87,8 +86,11 @@ class Scaling:
         kind = params.pop("rope_type")
         if any(isinstance(v, (list, tuple)) for v in params.values()):
             return json.dumps(self.parameters(), separators=(",", ":"))
-        return kind + ("" if not params else ":" + ",".join(f"{k}={v:g}" if isinstance(v, float)
-                                                              else f"{k}={v}" for k, v in params.items()))
+        return kind + (
+            ""
+            if not params
+            else ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        )
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,9 @@ class DynamicNTK(Scaling):
         return _geometric(rotary_dim, self.base_for(rotary_dim, base, seq_len))
 
 
-def yarn_correction_range(rotary_dim: int, base: float, original: int, beta_fast: float,
-                          beta_slow: float, truncate: bool = True) -> tuple[float, float]:
+def yarn_correction_range(
+    rotary_dim: int, base: float, original: int, beta_fast: float, beta_slow: float, truncate: bool = True
+) -> tuple[float, float]:
     """Pair indices (low, high) between which YaRN ramps from extrapolation to
     interpolation: where a wavelength fits beta_fast (resp. beta_slow) times into L0."""
 
@@ -169,8 +172,9 @@ class YaRN(Scaling):
 
     def inv_freq(self, rotary_dim, base, seq_len=None):
         theta = _geometric(rotary_dim, base)
-        low, high = yarn_correction_range(rotary_dim, base, self.original_max_position_embeddings,
-                                          self.beta_fast, self.beta_slow, self.truncate)
+        low, high = yarn_correction_range(
+            rotary_dim, base, self.original_max_position_embeddings, self.beta_fast, self.beta_slow, self.truncate
+        )
         if low == high:
             high += 0.001  # as the reference code: avoid a zero-width ramp
         ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
@@ -248,8 +252,9 @@ class LongRoPE(Scaling):
         long = seq_len is not None and seq_len > self.original_max_position_embeddings
         chosen = np.asarray(self.long_factor if long else self.short_factor, dtype=np.float64)
         if chosen.shape != (rotary_dim // 2,):
-            raise ValueError(f"LongRoPE factors have {chosen.size} entries; rotary dimension "
-                             f"{rotary_dim} needs {rotary_dim // 2}")
+            raise ValueError(
+                f"LongRoPE factors have {chosen.size} entries; rotary dimension {rotary_dim} needs {rotary_dim // 2}"
+            )
         return chosen
 
     def inv_freq(self, rotary_dim, base, seq_len=None):
@@ -260,8 +265,9 @@ class LongRoPE(Scaling):
             return float(self.attention_factor_)
         scale = self.factor
         if scale is None:
-            scale = (self.max_position_embeddings or self.original_max_position_embeddings) \
-                / self.original_max_position_embeddings
+            scale = (
+                self.max_position_embeddings or self.original_max_position_embeddings
+            ) / self.original_max_position_embeddings
         if scale <= 1.0:
             return 1.0
         return math.sqrt(1 + math.log(scale) / math.log(self.original_max_position_embeddings))
@@ -275,8 +281,14 @@ class LongRoPE(Scaling):
 
 
 SCALINGS = {cls.rope_type: cls for cls in (Scaling, Linear, NTK, DynamicNTK, YaRN, Llama3, LongRoPE)}
-ALIASES = {"none": "default", "pi": "linear", "position-interpolation": "linear",
-           "ntk-aware": "ntk", "dynamic-ntk": "dynamic", "llama-3": "llama3"}
+ALIASES = {
+    "none": "default",
+    "pi": "linear",
+    "position-interpolation": "linear",
+    "ntk-aware": "ntk",
+    "dynamic-ntk": "dynamic",
+    "llama-3": "llama3",
+}
 
 
 def _field_names(cls) -> dict:
@@ -299,8 +311,9 @@ def from_parameters(parameters: dict) -> Scaling:
         params.pop(ignored, None)
     unknown = sorted(set(params) - set(names))
     if unknown:
-        raise ValueError(f"scaling {kind!r} takes {', '.join(sorted(names)) or 'no parameters'}; "
-                         f"unknown: {', '.join(unknown)}")
+        raise ValueError(
+            f"scaling {kind!r} takes {', '.join(sorted(names)) or 'no parameters'}; unknown: {', '.join(unknown)}"
+        )
     return cls(**{names[k]: v for k, v in params.items()})
 
 

@@ -43,8 +43,7 @@ def solve_3x3() -> list:
 def solve_4x4() -> list:
     """Solutions of B1 B2 = B2 B1 with B1 = B(1, b, c, 0, 0, 0), B2 = B(0, 0, 0, d, e, f):
     [{d: c f, e: -b f}]."""
-    return sp.solve(relativity_constraints(skew4(1, b, c, 0, 0, 0), skew4(0, 0, 0, d, e, f)),
-                    [d, e], dict=True)
+    return sp.solve(relativity_constraints(skew4(1, b, c, 0, 0, 0), skew4(0, 0, 0, d, e, f)), [d, e], dict=True)
 
 
 def rotation_2d(x_, y_) -> sp.Matrix:

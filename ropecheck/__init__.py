@@ -5,41 +5,16 @@ The Python API (``ropecheck.api``)::
     report = ropecheck.check(my_rope, call="qk", layout="interleaved", dtypes=["bfloat16"])
     assert report.passed, report.summary()
 
-    print(ropecheck.identify(my_rope).flags())
+    print(ropecheck.identify(my_rope).flags)
 
-The engine's packages are ``ropecheck.properties`` (the property checks) and
-``ropecheck.reference`` (the float64 references). In the repository they are the
-top-level folders ``properties/`` and ``reference/``, which an install maps to those names
-(pyproject.toml, ``package-dir``); run from a checkout, this package finds them beside it
-(``_CheckoutFinder``).
+The layers, lowest first (``docs/architecture.md``): ``ropecheck.reference`` (the float64
+references) and ``ropecheck.properties`` (the laws: properties, families, strategies, the
+error model), which the repository keeps in its top-level ``reference/`` and
+``properties/`` folders (linked here as ``ropecheck/reference`` and
+``ropecheck/properties``); then this package's harness: ``kernels``, ``calling``,
+``targets``, ``adapters``, ``session``, ``report``, ``identification``, and the front doors
+``api``, ``cli`` and ``pytest_plugin``.
 """
-
-import importlib.util as _util
-import sys as _sys
-from pathlib import Path as _Path
-
-_CHECKOUT = _Path(__file__).resolve().parent.parent
-_ENGINE = ("properties", "reference")
-
-
-class _CheckoutFinder:
-    """Finds ``ropecheck.properties`` and ``ropecheck.reference`` in a source checkout (an
-    install has them inside the package): exactly these two names, nothing else of the
-    checkout."""
-
-    @staticmethod
-    def find_spec(fullname, path=None, target=None):
-        package, _, name = fullname.partition(".")
-        if package != __name__ or name not in _ENGINE:
-            return None
-        folder = _CHECKOUT / name
-        return _util.spec_from_file_location(fullname, folder / "__init__.py",
-                                             submodule_search_locations=[str(folder)])
-
-
-if (not (_Path(__file__).resolve().parent / "properties").is_dir()
-        and all((_CHECKOUT / name / "__init__.py").is_file() for name in _ENGINE)):
-    _sys.meta_path.insert(0, _CheckoutFinder)
 
 _API = ("check", "identify", "Report")
 

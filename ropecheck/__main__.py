@@ -1,16 +1,16 @@
 """The ``ropecheck`` command (``python -m ropecheck`` and the installed script).
 
 It starts the target's worker process first, then imports the CLI: the worker's start-up
-and ropecheck's imports overlap.
+(and its import of the loaders) and ropecheck's imports overlap.
 """
 
 import sys
 
 
 def main() -> None:
-    from ropecheck import spawn
+    from ropecheck.calling import spawn
 
-    spawn.prestart(sys.argv[1:])
+    spawn.prestart(sys.argv[1:], preload=("ropecheck.session.loading",))
     from ropecheck.cli import entry
 
     entry()

@@ -1,4 +1,5 @@
-"""``ropecheck`` command line.
+"""``ropecheck`` command line: ``check``, ``identify``, ``report`` and ``list``, their options
+made from the option table (``ropecheck.session.options``).
 
 Exit status: 0 every check passed; 1 a check failed; 2 usage error, or the target could
 not be loaded or called (the message says why; a traceback only with --debug).
@@ -7,26 +8,31 @@ not be loaded or called (the message says why; a traceback only with --debug).
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import traceback
+from typing import Optional
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions
-from ropecheck.properties.sizes import sizes_lines
-from ropecheck.reference import LAYOUTS
-from ropecheck import known_failures
-from ropecheck.builtins import BUILTINS, DEFAULT_TARGET
-from ropecheck.calling import DEFAULT_TIMEOUT, on_abort
-from ropecheck.families import FAMILIES as ND_FAMILIES, FamilyError
-from ropecheck.output import (EXIT_STATUS, print_failures, print_notes, results_table, verdict_line,
-                              write_json, write_junit, write_unusable)
-from ropecheck.session import Session, UnusableTarget, prepare, resolve_dtypes, run_seed, spec_for
-from ropecheck.call_forms import CALL_FORMS
+from ropecheck.calling.in_process import on_abort
+from ropecheck.report.output import (
+    EXIT_STATUS,
+    print_failures,
+    print_notes,
+    results_table,
+    verdict_line,
+    write_json,
+    write_junit,
+    write_unusable,
+)
+from ropecheck.session import options as table
+from ropecheck.session.options import Option, UsageError, parse
+from ropecheck.session.prepare import prepare
+from ropecheck.session.spec import UnusableTarget, name_of
+from ropecheck.targets.builtins import DEFAULT_TARGET
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -54,24 +60,14 @@ class Records:
         write_unusable(self.json_path, self.junit_path, self.target, reason, exit_status)
 
 
-def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE, records: Records | None = None):
-    console.print(f"[bold red]ropecheck:[/] {message}", highlight=False, soft_wrap=True)
+def _fail(console: Console, message: str, code: int = EXIT_UNUSABLE, records: Optional[Records] = None):
+    console.print(f"[bold red]ropecheck:[/] {escape(message)}", highlight=False, soft_wrap=True)
     if records is not None:
         records.unusable(message, code)
     sys.exit(code)
 
 
-class RecordedCommand(click.Command):
-    """A command whose usage errors (found while parsing) still leave the JSON / JUnit
-    record the user asked for."""
-
-    def parse_args(self, ctx, args):
-        raw = list(args)  # click's parser consumes the list
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            Records.from_args(raw).unusable(f"usage error: {exc.format_message()}")
-            raise
+# --- commands made from the option table ---------------------------------------------------
 
 
 class GroupedOption(click.Option):
@@ -94,9 +90,19 @@ class GroupedArgument(click.Argument):
 OTHER_OPTIONS = "Other options"
 
 
-class GroupedCommand(RecordedCommand):
-    """A command whose --help lists its parameters under group headings, in the order the
-    groups first appear; what is in no group (--help) comes last."""
+class TableCommand(click.Command):
+    """A command whose parameters come from the option table: --help lists them under
+    their group headings; usage errors found while parsing still leave the JSON / JUnit
+    record the user asked for."""
+
+    def parse_args(self, ctx, args):
+        raw = list(args)  # click's parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if self.name == "check":
+                Records.from_args(raw).unusable(f"usage error: {exc.format_message()}")
+            raise
 
     def format_options(self, ctx, formatter):
         groups: dict = {}
@@ -114,20 +120,77 @@ class GroupedCommand(RecordedCommand):
                 formatter.write_dl(rows)
 
 
-def grouped(group: str):
-    """``click.option`` for the options of one --help group."""
-    return lambda *decls, **attrs: click.option(*decls, cls=GroupedOption, group=group, **attrs)
+def _param(option: Option, command: str):
+    """The click parameter of one option (values are converted by ``options.parse``)."""
+    if option.name == "target":
+        return GroupedArgument(
+            ["target"],
+            required=command == "identify",
+            group=option.group,
+            description=option.help.split("; set in the ini")[0] + ".",
+        )
+    default = option.default_for("cli", command)
+    text = (
+        ",".join(default) if isinstance(default, tuple) else f"{default:g}" if isinstance(default, float) else default
+    )
+    shown = "" if default in (None, False, True, ()) or option.kind == table.SWITCH else f" [default: {text}]"
+    common = dict(group=option.group, help=option.help + shown)
+    if option.kind == table.SWITCH:
+        return GroupedOption([option.cli, option.name], is_flag=True, default=False, **common)
+    kind = click.Choice(option.choices) if option.choices else None
+    metavar = option.metavar or (
+        None if option.choices else METAVARS.get(getattr(option.convert, "__name__", ""), "TEXT")
+    )
+    return GroupedOption(
+        [option.cli, option.name],
+        type=kind,
+        multiple=option.kind == table.LIST and not option.joined,
+        metavar=metavar,
+        **common,
+    )
 
 
-def _reproduce_command(argv_target, spec, dtypes, profile, seed, extra=()) -> str:
-    words = ["ropecheck", "check"] + ([argv_target] if argv_target else []) + spec.flags()
-    for d in dtypes:
-        if d != "-":  # a position builder takes no tensors
-            words += ["--dtype", d]
-    words += ["--profile", profile]
-    if seed is not None:
-        words += ["--seed", str(seed)]
-    return shlex.join(words + list(extra))
+# how --help shows a value, by the option's converter
+METAVARS = {
+    "integer": "INTEGER",
+    "number": "FLOAT",
+    "integers": "N,N,...",
+    "numbers": "X,X,...",
+    "base_value": "FLOAT[,FLOAT...]",
+    "dtype_names": "DTYPE",
+    "mode_names": "MODE",
+    "device_name": "DEVICE",
+    "position_range": "N",
+    "scaling_value": "SCALING",
+    "sizes_value": "SIZES",
+}
+
+
+def table_command(group: click.Group, command: str, help_text: str):
+    """A ``ropecheck COMMAND`` whose options are the table's for ``command``; the function
+    decorated gets the parsed ``Options``."""
+
+    def decorate(fn):
+        def callback(**raw):
+            records = Records(raw.get("json"), raw.get("junit"), raw.get("target") or DEFAULT_TARGET)
+            try:
+                options = parse(command, {k: v for k, v in raw.items() if v not in (None, ())}, door="cli")
+            except UsageError as exc:
+                if command == "check":
+                    records.unusable(f"usage error: {exc}")
+                raise click.UsageError(str(exc)) from None
+            return fn(options)
+
+        params = [_param(o, command) for o in table.for_command(command)]
+        return group.command(
+            name=command,
+            cls=TableCommand,
+            params=params,
+            help=help_text,
+            context_settings={"help_option_names": ["-h", "--help"]},
+        )(callback)
+
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -148,148 +211,62 @@ def entry():
 
 
 def finish(code: int):
-    from ropecheck.worker import close_all
     import threading
+
+    from ropecheck.calling.worker import close_all
 
     close_all()
     sys.stdout.flush()
     sys.stderr.flush()
-    lingering = [t for t in threading.enumerate() if t is not threading.current_thread()
-                 and not t.daemon and t.is_alive()]
+    lingering = [
+        t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon and t.is_alive()
+    ]
     if lingering:  # a target's thread must not keep ropecheck (and a CI job) waiting
         os._exit(code)
     sys.exit(code)
 
 
-MAX_POSITION_RANGE = click.IntRange(255, 2**24)
-
-
-TARGET_GROUP = "Target"
-target_option = grouped(TARGET_GROUP)
-convention_option = grouped("Convention (what the target computes)")
-family_option = grouped("Family (N-D, multimodal, position builders, xPos)")
-run_option = grouped("Run")
-output_option = grouped("Output")
-
-
-@main.command(cls=GroupedCommand)
-@click.argument("target", required=False, cls=GroupedArgument, group=TARGET_GROUP,
-                description="path/to/file.py:func, package.module:attr or a built-in name "
-                            "(default: the built-in rotate-half).")
-@target_option("--call", type=click.Choice(tuple(CALL_FORMS)),
-               help="The target's call form: x = rope(x, positions) -> y; qk = rope(q, k, positions) -> "
-                    "(q_out, k_out) with k_heads dividing q_heads; packed = rope(x, cu_seqlens, positions) "
-                    "-> y on (total, heads, head_dim). Default: what the target declares, else x.")
-@target_option("--in-process", is_flag=True,
-               help="Call the target in ropecheck's own process, not in a worker process (for a "
-                    "target that cannot be imported twice; a crash then ends ropecheck).")
-@target_option("--max-position", type=MAX_POSITION_RANGE,
-               help="Declared position range: positions 0 .. N are drawn, shifted into and swept "
-                    "(default 2^24 = 16777216; at least 255).")
-@target_option("--device", help="Where the target's inputs are made: cpu, cuda or cuda:N, with their strides "
-                                 "and storage; the float64 reference stays on the host (default: cpu, or "
-                                 "the device the target declares). Exit 2 on a machine without it.")
-@target_option("--no-backward", is_flag=True, help="The target has no backward: skip gradient checks.")
-@target_option("--inplace", is_flag=True, help="The target writes its output into x and returns it.")
-@convention_option("--layout", type=click.Choice(LAYOUTS),
-                   help="Pairing layout. Without it only spec-free checks run.")
-@convention_option("--base", type=float, help="Frequency base (default 10000).")
-@convention_option("--rotary-dim", type=int, help="Rotated features (default: all of head_dim).")
-@convention_option("--scaling", help="Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, "
-                   "yarn, llama3, longrope), a JSON object of HF rope_parameters, or @file.json.")
-@family_option("--family", type=click.Choice(ND_FAMILIES),
-               help="N-D / multimodal target: axial, mrope, nd, or a position builder "
-                    "(rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> "
-                    "(q_out, k_out). See README 'N-D and multimodal'.")
-@family_option("--axes", type=int, help="With --family: number of position axes.")
-@family_option("--sections", help="With --family mrope: rotated pairs per axis, e.g. 16,24,24.")
-@family_option("--mrope-interleaved", is_flag=True,
-               help="With --family mrope: sections interleaved over the pairs (Qwen3-VL), not in chunks.")
-@family_option("--split", help="With --family axial: features per axis, e.g. 32,32 (default equal).")
-@family_option("--nd-base", help="With --family axial: one frequency base per axis, e.g. 10000,100.")
-@family_option("--scale-base", type=float,
-               help="With --family xpos: the scale base s of zeta^(m/s) (default 512).")
-@family_option("--gamma", type=float,
-               help="With --family xpos: zeta_i = (2i/d + gamma)/(1 + gamma) (default 0.4).")
-@run_option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
-            help="Example budget: ci (derandomized), dev, thorough; production (derandomized, at "
-                 "production sizes).")
-@run_option("--sizes", "sizes",
-            help="Input sizes: toy (every profile but production) or production (head sizes 64..512, seq "
-                 "up to 8192, q/k head ratios 1/4/8/32, and on a CUDA device with the memory one input past "
-                 "2^31 elements), then key=value overrides, e.g. production,head_dims=192/256,max_seq=4096.")
-@run_option("--seed", type=int, help="Hypothesis seed (default: random, printed).")
-@run_option("--dtype", "dtypes", multiple=True,
-            help="dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate.")
-@run_option("--mode", "run_modes", multiple=True,
-            help="How the target is run (repeatable): eager (default), compile (torch.compile, inductor), "
-                 "autocast / autocast-fp16 (under torch.autocast with bf16 / fp16), cudagraph (captured "
-                 "and replayed in a CUDA graph; --device cuda only). Each mode gets its own columns.")
-@run_option("--property", "property_names", multiple=True, help="Run only these properties.")
-@run_option("--max-examples", type=click.IntRange(1), help="Override the profile's examples per check.")
-@run_option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
-            help="Seconds one call of the target may take.")
-@run_option("--strict-layouts", is_flag=True,
-            help="A refusal of an exotic memory layout (the layouts probe) fails instead of "
-                 "being a support note.")
-@run_option("--known-failures", "known_paths", multiple=True, type=click.Path(dir_okay=False),
-            help="TOML file of known failures (repeatable); they show as 'known', not failed.")
-@run_option("--no-known-failures", is_flag=True,
-            help="Ignore the known failures shipped with ropecheck for its adapters.")
-@output_option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results as JSON.")
-@output_option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write results as JUnit XML.")
-@output_option("--debug", is_flag=True, help="Show tracebacks.")
-def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_backward, inplace,
-          profile, sizes, seed, property_names, max_examples, timeout, strict_layouts, in_process,
-          json_path, junit_path, known_paths, no_known_failures, debug, family=None, axes=None,
-          sections=None, split=None, nd_base=None, mrope_interleaved=False, scale_base=None, gamma=None,
-          call=None, device=None, run_modes=()):
-    """Check TARGET (path/to/file.py:func, package.module:attr or a built-in name;
-    default: the built-in rotate-half) against the RoPE properties."""
+@table_command(
+    main,
+    "check",
+    "Check TARGET (path/to/file.py:func, package.module:attr or a built-in name; "
+    "default: the built-in rotate-half) against the RoPE properties.",
+)
+def check(options):
     console = Console(stderr=False, highlight=False)
-    records = Records(json_path, junit_path, target or DEFAULT_TARGET)
+    records = Records(options.json, options.junit, name_of(options))
     on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
-    defaults = () if no_known_failures else (known_failures.DEFAULT_FILE,)
     try:
-        options = RunOptions(profile=profile, seed=seed, timeout=timeout, max_examples=max_examples,
-                             strict_layouts=strict_layouts, sizes=sizes)
-        spec = spec_for(target, family, layout=layout, base=base, nd_base=nd_base, rotary_dim=rotary_dim,
-                        scaling=scaling, axes=axes, sections=sections, split=split,
-                        mrope_interleaved=mrope_interleaved, scale_base=scale_base, gamma=gamma,
-                        max_position=max_position, backward=not no_backward, inplace=inplace,
-                        in_process=in_process, call=call, device=device)
-        properties = spec.properties(property_names)
-        known = known_failures.load([*defaults, *known_paths])
-        prepared = prepare(spec, dtypes, timeout, console.print, run_modes)
+        session = prepare(options, console.print)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
-    except FamilyError as exc:
-        _fail(console, str(exc), records=records)
-    except ValueError as exc:
+    except UsageError as exc:
         records.unusable(f"usage error: {exc}")
-        raise click.UsageError(str(exc))
+        raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         _fail(console, "interrupted", EXIT_FAILED, records)
-    built, usable, run_modes = prepared.target, prepared.dtypes, prepared.modes
+    from ropecheck.properties.sizes import sizes_lines
 
-    seed = run_seed(seed, profile)
-    options.seed = seed
-    extra = ([f"--max-examples={max_examples}"] if max_examples else []) + \
-        ([f"--timeout={timeout:g}"] if timeout != DEFAULT_TIMEOUT else []) + \
-        (["--strict-layouts"] if strict_layouts else []) + options.sizes_flag
-    session = Session(built, usable, properties, options, known=known, crashes=prepared.crashes,
-                      unsupported=prepared.unsupported, range_probe=spec.range_probe(property_names),
-                      reproduce=_reproduce_command(target, spec, usable, profile, seed, extra), modes=run_modes)
-    console.print(f"Profile {profile}" + (f", seed {seed}" if seed is not None else ", derandomized")
-                  + ("" if built.max_position is None else f", positions 0 .. {built.max_position}")
-                  + ("" if getattr(built, "device", "cpu") == "cpu" else f", inputs on {built.device}"))
-    for line in sizes_lines(options.sizes, built, usable):
+    target, run = session.target, session.run_options
+    console.print(
+        f"Profile {run.profile}"
+        + (f", seed {run.seed}" if run.seed is not None else ", derandomized")
+        + ("" if target.max_position is None else f", positions 0 .. {target.max_position}")
+        + ("" if target.device == "cpu" else f", inputs on {target.device}")
+    )
+    for line in sizes_lines(run.sizes, target, session.dtypes):
         console.print(line)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
-            checks = len(session.rows) + (len(run_modes) - 1) * len(properties)  # the range probe once
-            task = progress.add_task("checking", total=len(usable) * checks)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            checks = len(session.rows) + (len(session.modes) - 1) * len(session.properties)  # the range probe once
+            task = progress.add_task("checking", total=len(session.dtypes) * checks)
 
             def advance(result):
                 progress.update(task, advance=1, description=f"{result.property} ({result.dtype})")
@@ -298,20 +275,22 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     except KeyboardInterrupt:
         _fail(console, "interrupted", EXIT_FAILED, records)
     except Exception as exc:  # our own bug: say so plainly
-        if debug:
+        if options.debug:
             traceback.print_exc()
         _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", records=records)
+    finally:
+        session.close()
 
     console.print(results_table(session))
     print_failures(console, session)
     print_notes(console, session)
     if session.stopped:
         console.print(f"[bold red]stopped early:[/] {session.stopped}")
-    if json_path:
-        write_json(json_path, session)
-    if junit_path:
-        write_junit(junit_path, session)
-    if debug:
+    if options.json:
+        write_json(options.json, session)
+    if options.junit:
+        write_junit(options.junit, session)
+    if options.debug:
         for r in session.results:
             if r.status == "error":
                 console.print(r.message, markup=False)
@@ -319,72 +298,87 @@ def check(target, layout, base, rotary_dim, scaling, max_position, dtypes, no_ba
     sys.exit(EXIT_STATUS[session.verdict])
 
 
-@main.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="docs/report",
-              show_default=True, help="Folder for report.md, report.json and the plots.")
-@click.option("--target", "names", multiple=True, help="Only these targets (repeatable).")
-@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (repeatable).")
-@click.option("--profile", type=click.Choice(list(PROFILES)), default="ci", show_default=True)
-@click.option("--seed", type=int, help="Hypothesis seed (default: derandomized ci profile).")
-@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True)
-def report(out_dir, names, dtypes, profile, seed, timeout):
-    """Run the suite over every available target and write a conformance report
-    (markdown, JSON with an execution envelope, error-against-position plots)."""
+@table_command(
+    main,
+    "report",
+    "Run the suite over every available target and write a conformance report "
+    "(markdown, JSON with an execution envelope, error-against-position plots).",
+)
+def report(options):
+    import shlex
     from pathlib import Path
 
-    from ropecheck import report as conformance
-    from ropecheck.catalog import entries
+    from ropecheck.report import conformance
+    from ropecheck.report.catalog import entries
 
     console = Console(highlight=False)
-    from ropecheck.adapters.nd_registry import ND_ADAPTERS
-
-    # N-D targets are judged by `ropecheck check --family` (README), not by the 1-D suite
-    catalog = {e.name: e for e in entries() if e.name not in ND_ADAPTERS}
+    # the N-D, xPos and builder families are judged by `ropecheck check --family` (docs/families.md)
+    catalog = {e.name: e for e in entries() if e.family == "rope"}
+    names = options.report_targets or []
     unknown = [n for n in names if n not in catalog]
     if unknown:
         raise click.UsageError(f"unknown target(s): {', '.join(unknown)} (see `ropecheck list`)")
     chosen = [n for n in catalog if (not names or n in names)]
-    dtype_list, _ = resolve_dtypes(dtypes, None) if dtypes else (None, False)
     unavailable = {n: catalog[n].why_unavailable for n in chosen if not catalog[n].available}
-    options = RunOptions(profile=profile, seed=seed, timeout=timeout)
-    known = known_failures.load()
     reports = []
     for name in (n for n in chosen if n not in unavailable):
         console.print(f"checking {name} ...")
-        reports.append(conformance.run_target(catalog[name], dtype_list, options, known))
-    words = ["ropecheck", "report", "--out", out_dir] + [w for n in names for w in ("--target", n)] \
-        + [w for d in dtypes for w in ("--dtype", d)] + (["--profile", profile] if profile != "ci" else []) \
-        + (["--seed", str(seed)] if seed is not None else [])
-    data = conformance.write(Path(out_dir), reports, unavailable,
-                             conformance.envelope(profile, seed), shlex.join(words))
-    failed = [n for n, t in data["targets"].items()
-              if any(s.get("verdict") in ("failed", "error") for s in t["dtypes"].values())]
-    console.print(f"wrote {out_dir}/report.md, report.json and plots: {len(reports)} targets, "
-                  f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else ""))
+        reports.append(
+            conformance.run_target(catalog[name], options.dtypes, options.profile, options.seed, options.timeout)
+        )
+    words = (
+        ["ropecheck", "report", "--out", options.out]
+        + [w for n in names for w in ("--target", n)]
+        + [w for d in options.dtypes or () for w in ("--dtype", d)]
+        + (["--profile", options.profile] if options.profile != "ci" else [])
+        + (["--seed", str(options.seed)] if options.seed is not None else [])
+    )
+    data = conformance.write(
+        Path(options.out), reports, unavailable, conformance.envelope(options.profile, options.seed), shlex.join(words)
+    )
+    failed = [
+        n
+        for n, t in data["targets"].items()
+        if any(s.get("verdict") in ("failed", "error") for s in t["dtypes"].values())
+    ]
+    console.print(
+        f"wrote {options.out}/report.md, report.json and plots: {len(reports)} targets, "
+        f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else "")
+    )
 
 
-@main.command(name="list")
-@click.option("--available", is_flag=True, help="Only the targets that can run here.")
-def list_targets(available):
-    """List every target: built-ins and third-party adapters, available or not (and why),
-    with the convention each declares and its capabilities."""
+@table_command(
+    main,
+    "list",
+    "List every target: built-ins and third-party adapters, available or not (and why), "
+    "with the convention each declares and its capabilities.",
+)
+def list_targets(options):
     from rich.table import Table
 
-    from ropecheck.catalog import entries
+    from ropecheck.report.catalog import entries
 
     # a pipe or CI log gets a readable width instead of rich's 80 columns
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    rows = [e for e in entries() if e.available or not available]
-    table = Table(title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
-                  title_justify="left", show_lines=False)
-    table.add_column("name", no_wrap=True)
+    rows = [e for e in entries() if e.available or not options.available]
+    table_ = Table(
+        title=f"targets ({sum(e.available for e in rows)} of {len(rows)} available here)",
+        title_justify="left",
+        show_lines=False,
+    )
+    table_.add_column("name", no_wrap=True)
     for column in ("library", "convention", "capabilities"):
-        table.add_column(column, overflow="fold")
-    table.add_column("here", no_wrap=True)
+        table_.add_column(column, overflow="fold")
+    table_.add_column("here", no_wrap=True)
     for e in rows:
-        table.add_row(e.name + (" (default)" if e.default else ""), e.library, escape(e.convention),
-                      e.capabilities, "[green]yes[/]" if e.available else "[red]no[/]")
-    console.print(table)
+        table_.add_row(
+            e.name + (" (default)" if e.default else ""),
+            e.library,
+            escape(e.convention),
+            e.capabilities,
+            "[green]yes[/]" if e.available else "[red]no[/]",
+        )
+    console.print(table_)
     for e in rows:
         if not e.available:
             console.print(f"  {e.name}: unavailable: {e.why_unavailable}", markup=False)
@@ -393,36 +387,31 @@ def list_targets(available):
             console.print(f"  {e.name}: {e.notes}", markup=False)
 
 
-# --- identify: infer a target's convention by probing it -------------------------------
-
-@main.command()
-@click.argument("target")
-@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
-              help="Seconds one call of the target may take.")
-@click.option("--max-position", type=click.IntRange(1), default=2**24, show_default=True,
-              help="Largest position a probe may use.")
-@click.option("--in-process", is_flag=True,
-              help="Call the target in ropecheck's own process, not in a worker process.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result as JSON.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
-def identify(target, timeout, max_position, in_process, json_path, debug):
-    """Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by
-    probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, identified;
-    1: not a rotary embedding (the reasons are printed); 2: the target is unusable."""
-    from ropecheck.identification import UnusableTarget as Unusable, identify_spec
-    from ropecheck.identify_output import print_identification, write_json as write_identification
+@table_command(
+    main,
+    "identify",
+    "Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by "
+    "probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, "
+    "identified; 1: not a rotary embedding (the reasons are printed); 2: the target "
+    "is unusable.",
+)
+def identify(options):
+    from ropecheck.identification.engine import UnusableTarget as Unusable
+    from ropecheck.identification.engine import identify_spec
+    from ropecheck.identification.output import print_identification
+    from ropecheck.identification.output import write_json as write_identification
 
     console = Console(highlight=False)
     try:
-        ident = identify_spec(target, timeout, max_position, in_process)
+        ident = identify_spec(options.target, options.timeout, options.probe_max_position, options.in_process)
     except Unusable as exc:
-        _fail(console, f"cannot identify target {target!r}: {exc}")
+        _fail(console, f"cannot identify target {options.target!r}: {exc}")
     except Exception as exc:  # our own bug: say so plainly (KeyboardInterrupt: click aborts)
-        traceback.print_exc() if debug else None
+        traceback.print_exc() if options.debug else None
         _fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
     print_identification(console, ident)
-    if json_path:
-        write_identification(json_path, ident)
+    if options.json:
+        write_identification(options.json, ident)
     sys.exit(EXIT_PASSED if ident.rotary else EXIT_FAILED)
 
 

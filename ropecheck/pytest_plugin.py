@@ -1,7 +1,10 @@
 """pytest front door: ``pytest --pyargs ropecheck.properties --rope-target TARGET ...``.
 
-The same engine as ``ropecheck check``; pytest supplies JUnit (--junitxml), -k, -x and
-xdist. Options mirror the CLI's flags with a ``--rope-`` prefix.
+The same engine as ``ropecheck check``: the option table (each option a flag ``--rope-*``
+and an ini option ``rope_*``, the flag overriding the ini value), the one preparation path
+(``ropecheck.session.prepare``), every family and call form, known failures (a known
+failure is an xfail) and root causes (grouped in the terminal summary). pytest supplies
+JUnit (--junitxml), -k, -x and xdist.
 """
 
 from __future__ import annotations
@@ -9,112 +12,62 @@ from __future__ import annotations
 import importlib.util
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES, RunOptions, replay_pytest_command
-from ropecheck.properties.sizes import parse as parse_sizes
-from ropecheck.calling import DEFAULT_TIMEOUT
-from ropecheck.session import (TargetSpec, UnusableTarget, callable_in, run_seed,
-                               probe_position_range, resolve_dtypes, warm_up)
-from ropecheck import modes
-from ropecheck.call_forms import CALL_FORMS
+from ropecheck.properties.property import RANGE_PROBE
+from ropecheck.properties.runner import Result
+from ropecheck.session import options as table
+from ropecheck.session.options import Options, UsageError, parse
+from ropecheck.session.prepare import prepare, run_seed
+from ropecheck.session.session import Session, column_label, group_causes
+from ropecheck.session.spec import UnusableTarget
 
 ENGINE_PACKAGES = ("properties", "reference")  # installed as ropecheck.properties, ropecheck.reference
-
-
-class RopeOption(NamedTuple):
-    """One plugin option: the flag ``--rope-NAME`` and the ini option ``rope_NAME``
-    (``[tool.pytest.ini_options]`` or pytest.ini), the flag overriding the ini value."""
-
-    name: str  # the ini name; the flag is --rope-... with dashes
-    help: str
-    kind: type = str  # str, int, float, bool (a switch) or list (repeatable, comma-separated)
-    choices: tuple = ()
-    default: object = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def convert(self, text: str):
-        """An ini value as the flag's type; a pytest.UsageError if it is not one."""
-        if self.kind is list:
-            return [word for word in text.replace(",", " ").split() if word]
-        try:
-            value = self.kind(text)
-        except ValueError:
-            raise pytest.UsageError(f"ropecheck: ini option {self.name} must be {self.kind.__name__}, "
-                                    f"got {text!r}") from None
-        if self.choices and value not in self.choices:
-            raise pytest.UsageError(f"ropecheck: ini option {self.name} must be one of "
-                                    f"{', '.join(self.choices)}, got {text!r}")
-        return value
-
-
-OPTIONS = (
-    RopeOption("rope_target", "target: path/to/file.py:func, package.module:attr or a built-in name; "
-               "set in the ini file, it adds the property suite to a plain `pytest` run"),
-    RopeOption("rope_layout", "pairing layout", choices=("interleaved", "half")),
-    RopeOption("rope_base", "frequency base (default 10000)", float),
-    RopeOption("rope_rotary_dim", "rotated features (default: all of head_dim)", int),
-    RopeOption("rope_scaling", "position scaling, as ropecheck check --scaling"),
-    RopeOption("rope_dtype", "dtype to check; repeat or comma-separate (default: all)", list, default=[]),
-    RopeOption("rope_no_backward", "the target has no backward: skip gradient checks", bool),
-    RopeOption("rope_inplace", "the target writes its output into x and returns it", bool),
-    RopeOption("rope_profile", f"example budget (default {DEFAULT_PROFILE})", choices=tuple(PROFILES),
-               default=DEFAULT_PROFILE),
-    RopeOption("rope_sizes", "input sizes: toy or production, then key=value overrides, as ropecheck check "
-               "--sizes (default: the profile's)"),
-    RopeOption("rope_seed", "hypothesis seed (default: random, shown in the header)", int),
-    RopeOption("rope_max_examples", "override the profile's examples per check", int),
-    RopeOption("rope_timeout", f"seconds one call of the target may take (default {DEFAULT_TIMEOUT:g})", float,
-               default=DEFAULT_TIMEOUT),
-    RopeOption("rope_max_position", "declared position range 0 .. N (default 2^24), as ropecheck check "
-               "--max-position", int),
-    RopeOption("rope_strict_layouts", "a refusal of an exotic memory layout fails instead of being a note", bool),
-    RopeOption("rope_in_process", "call the target in pytest's process, not in a worker process", bool),
-    RopeOption("rope_device", "where the inputs are made: cpu, cuda or cuda:N (default: cpu, or the "
-               "target's own), as ropecheck check --device"),
-    RopeOption("rope_mode", "how the target is run: eager, compile, autocast, autocast-fp16, cudagraph; "
-               "repeat or comma-separate (default eager), as ropecheck check --mode", list),
-    RopeOption("rope_call", "the target's call form, as ropecheck check --call (default: what the target "
-               "declares, else x)", choices=tuple(CALL_FORMS)),
-)
+PYTEST_OPTIONS = [o for o in table.for_command("check") if o.pytest]
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("ropecheck", "RoPE property checks (ropecheck); each flag is also an ini "
-                            "option (rope_target = ...), the flag overriding it")
-    for option in OPTIONS:
-        if option.kind is bool:
-            group.addoption(option.flag, action="store_true", default=None, help=option.help)
-        elif option.kind is list:
-            group.addoption(option.flag, action="append", default=None, help=option.help)
+    group = parser.getgroup(
+        "ropecheck",
+        "RoPE property checks (ropecheck); each flag is also an ini option (rope_target = ...), the flag overriding it",
+    )
+    for option in PYTEST_OPTIONS:
+        if option.kind == table.SWITCH:
+            group.addoption(option.pytest_flag, action="store_true", default=None, dest=option.ini, help=option.help)
+        elif option.kind == table.LIST and not option.joined:
+            group.addoption(option.pytest_flag, action="append", default=None, dest=option.ini, help=option.help)
         else:
-            group.addoption(option.flag, type=option.kind, default=None, help=option.help,
-                            **({"choices": option.choices} if option.choices else {}))
-        parser.addini(option.name, option.help, type="bool" if option.kind is bool else "string",
-                      default=False if option.kind is bool else "")
+            group.addoption(
+                option.pytest_flag,
+                default=None,
+                dest=option.ini,
+                help=option.help,
+                **({"choices": option.choices} if option.choices else {}),
+            )
+        parser.addini(
+            option.ini,
+            option.help,
+            type="bool" if option.kind == table.SWITCH else "string",
+            default=False if option.kind == table.SWITCH else "",
+        )
 
 
-def _settle_options(config) -> None:
-    """Each option's value: the flag's, else the ini file's, else the default (on
-    ``config.option``, where the rest of the plugin reads it)."""
-    for option in OPTIONS:
-        if getattr(config.option, option.name) is not None:
-            continue
-        raw = config.getini(option.name)
-        if option.kind is bool:
-            value = bool(raw)
-        elif raw not in ("", None):
-            value = option.convert(str(raw))
-            if option.name == "rope_target":
-                value = _relative_to_ini(config, value)
-        else:
-            value = option.default
-        setattr(config.option, option.name, value)
+def _raw(config) -> tuple[dict, dict]:
+    """What the flags say, else the ini file (a file target relative to the ini file); and
+    which values came from the ini file."""
+    raw, sources = {}, {}
+    for option in PYTEST_OPTIONS:
+        value = getattr(config.option, option.ini)
+        if value is None:
+            value = config.getini(option.ini)
+            if value in ("", False):
+                continue
+            sources[option.name] = "ini"
+            if option.name == "target":
+                value = _relative_to_ini(config, str(value))
+        raw[option.name] = value
+    return raw, sources
 
 
 def _relative_to_ini(config, spec: str) -> str:
@@ -128,45 +81,46 @@ def _relative_to_ini(config, spec: str) -> str:
     return spec
 
 
-def _spec(config) -> TargetSpec:
-    get = config.getoption
-    return TargetSpec(get("--rope-target"), get("--rope-layout"), get("--rope-base"),
-                      get("--rope-rotary-dim"), backward=not get("--rope-no-backward"),
-                      inplace=get("--rope-inplace"), scaling=get("--rope-scaling"),
-                      max_position=get("--rope-max-position"), in_process=get("--rope-in-process"),
-                      call=get("--rope-call"), device=get("--rope-device"))
+def options_of(config) -> Options:
+    return config._ropecheck_options
 
 
-def _target(config):
-    """The target, built once per pytest session (in its worker process, unless
-    --rope-in-process); raises UnusableTarget."""
-    if getattr(config, "_ropecheck_target", None) is None:
-        config._ropecheck_target = _spec(config).build()
-        config.add_cleanup(config._ropecheck_target.executor_close)
-    return config._ropecheck_target
-
-
-def pytest_generate_tests(metafunc):
-    if "rope_dtype" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
-    try:
-        target = _target(config)
-        dtypes, _ = resolve_dtypes(config.getoption("--rope-dtype"), target)
-    except (UnusableTarget, ValueError) as exc:
-        pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    # the target's name in every test's name, so JUnit records and -k can tell targets apart
-    name = short_name(_spec(config).name)
-    metafunc.parametrize("rope_dtype", dtypes, ids=[f"{name}-{dtype}" for dtype in dtypes])
-    run_modes = config.getoption("--rope-mode")  # parsed in pytest_configure
-    if "rope_mode" in metafunc.fixturenames and run_modes != ["eager"]:
-        metafunc.parametrize("rope_mode", run_modes)
+def session_of(config) -> Session:
+    """The check session, prepared once per pytest process (an xdist worker prepares its
+    own, with the controller's seed); pytest.exit (usage error) when it cannot be."""
+    if getattr(config, "_ropecheck_session", None) is None:
+        try:
+            config._ropecheck_session = prepare(
+                options_of(config), seed=config._ropecheck_seed, pytest_args=list(config.invocation_params.args)
+            )
+        except (UnusableTarget, UsageError) as exc:
+            pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        config.add_cleanup(config._ropecheck_session.close)
+    return config._ropecheck_session
 
 
 def short_name(name: str) -> str:
     """A target's name for test ids: a file target without its folders (rope.py:rope)."""
     where, colon, attr = name.rpartition(":")
     return f"{Path(where).name}:{attr}" if colon and where.endswith(".py") else name
+
+
+def pytest_generate_tests(metafunc):
+    """test_position_range per dtype; test_property per dtype x property x mode, the
+    target's family's properties; dtypes the target does not support are skipped cases."""
+    if "rope_check" not in metafunc.fixturenames:
+        return
+    session = session_of(metafunc.config)
+    name = short_name(session.target.name)
+    dtypes = list(session.dtypes) + list(session.unsupported)
+    if metafunc.function.__name__ == "test_position_range":
+        checks = [(d, RANGE_PROBE, "eager") for d in dtypes] if session.range_probe else []
+    else:
+        checks = [(d, p.name, m) for d in dtypes for p in session.properties for m in session.modes]
+    ids = [f"{name}-{d}-" + ("" if len(session.modes) == 1 else f"{m}-") + p for d, p, m in checks]
+    if metafunc.function.__name__ == "test_position_range":
+        ids = [f"{name}-{d}" for d, _, _ in checks]
+    metafunc.parametrize("rope_check", checks, ids=ids)
 
 
 def _old_spelling(config) -> str | None:
@@ -201,7 +155,7 @@ def _add_suite(config) -> bool:
     whose ini file sets rope_target) collects the property suite besides its own tests.
     Its folder is the collection root, so test ids and JUnit class names read
     ``test_properties.py::test_property[...]`` / ``test_properties``."""
-    if config.option.rope_target and config.args_source != pytest.Config.ArgsSource.ARGS:
+    if options_of(config).target is not None and config.args_source != pytest.Config.ArgsSource.ARGS:
         folder = str(suite_path().parent)
         if folder not in config.args:
             config.args.append(folder)
@@ -211,104 +165,133 @@ def _add_suite(config) -> bool:
 
 def pytest_collect_file(file_path, parent):
     """The suite's module even where the project's python_files would not match its name."""
-    if file_path == suite_path() and not any(fnmatch(file_path.name, pattern)
-                                             for pattern in parent.config.getini("python_files")):
+    if file_path == suite_path() and not any(
+        fnmatch(file_path.name, pattern) for pattern in parent.config.getini("python_files")
+    ):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
 
 def pytest_configure(config):
-    """Settle the options (flag, else ini, else default); fail fast, as a usage error, on a
-    target that cannot be loaded, given on the command line or whose suite joins the run; pick a random seed unless one
-    is given (ci is derandomized), so every run can be replayed (xdist's workers get the
-    controller's options, its seed included)."""
+    """Settle the options (flag, else ini, else default) through the option table; fail
+    fast, as a usage error, on a target that cannot be loaded, given on the command line or
+    whose suite joins the run; pick a random seed unless one is given (ci is
+    derandomized), so every run can be replayed (xdist's workers get the controller's)."""
     old = _old_spelling(config)
     if old is not None:
-        raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': "
-                                f"pytest --pyargs ropecheck.{old} ...")
-    from_command_line = config.option.rope_target is not None
-    if config.option.rope_seed is None and "rope_seed" in getattr(config, "workerinput", {}):
-        config.option.rope_seed = config.workerinput["rope_seed"]  # an xdist worker: the controller's
-    _settle_options(config)
-    position_range = config.getoption("--rope-max-position")
-    if position_range is not None and not 255 <= position_range <= 2**24:
-        raise pytest.UsageError(f"ropecheck: --rope-max-position must be in 255 .. 2^24, got {position_range}")
+        raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': pytest --pyargs ropecheck.{old} ...")
     try:
-        run_modes = config.option.rope_mode = modes.parse(config.getoption("--rope-mode"))
-        if config.getoption("--rope-sizes"):  # parsed once: the fixture's RunOptions takes the Sizes
-            config.option.rope_sizes = parse_sizes(config.getoption("--rope-sizes"))
-    except ValueError as exc:
+        raw, sources = _raw(config)
+        options = config._ropecheck_options = parse("check", raw, door="pytest", sources=sources)
+    except UsageError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
+    if "rope_seed" in getattr(config, "workerinput", {}):
+        config._ropecheck_seed = config.workerinput["rope_seed"]  # an xdist worker: the controller's
+    else:
+        config._ropecheck_seed = run_seed(options.seed, options.profile)
     added = _add_suite(config)
-    if (from_command_line or added) and not hasattr(config, "workerinput"):
-        try:
-            target = _target(config)
-            modes.require(run_modes, target.device)
-        except (UnusableTarget, ValueError) as exc:
-            raise pytest.UsageError(f"ropecheck: cannot load target: {exc}") from None
-    config.option.rope_seed = run_seed(config.option.rope_seed, config.option.rope_profile)
+    if (options.target is not None or added) and not hasattr(config, "workerinput"):
+        session_of(config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """pytest-xdist: every worker draws with the controller's seed."""
-    node.workerinput["rope_seed"] = node.config.option.rope_seed
+    node.workerinput["rope_seed"] = node.config._ropecheck_seed
 
 
 def pytest_report_header(config):
-    if config.getoption("--rope-target") or config.getoption("--rope-seed") is not None:
-        return [f"ropecheck: target {_spec(config).name}, profile {config.getoption('--rope-profile')}, "
-                f"seed {config.getoption('--rope-seed')}"]
+    options = options_of(config)
+    if options.target is not None or options.seed is not None:
+        return [
+            f"ropecheck: target {short_name(str(options.target))}, profile {options.profile}, "
+            f"seed {config._ropecheck_seed}"
+        ]
     return []
 
 
-@pytest.fixture(scope="session")
-def rope_target(request):
-    try:
-        return _target(request.config)
-    except UnusableTarget as exc:
-        pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=2)
+RESULT_KEY = "ropecheck_result"
 
 
-@pytest.fixture(scope="session")
-def rope_options(request) -> RunOptions:
-    get = request.config.getoption
-    return RunOptions(profile=get("--rope-profile"), seed=get("--rope-seed"),
-                      timeout=get("--rope-timeout"), max_examples=get("--rope-max-examples"),
-                      strict_layouts=get("--rope-strict-layouts"), sizes=get("--rope-sizes"))
+def pytest_runtest_logreport(report):
+    """Collect each check's result (from this process or an xdist worker) for the summary."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == RESULT_KEY and report.when == "call":
+            _CAUSES.append(value)
 
 
-@pytest.fixture(scope="session")
-def rope_warm_up(request, rope_target, rope_options) -> dict:
-    """Smoke calls in every dtype, lowest precision first, once per session."""
-    dtypes, _ = resolve_dtypes(request.config.getoption("--rope-dtype"), rope_target)
-    return warm_up(rope_target, dtypes, rope_options.timeout)
+_CAUSES: list = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Root causes: failures that share one, printed once with the checks it took down."""
+    results = []
+    for item in _CAUSES:
+        r = Result(
+            item["property"],
+            item["dtype"],
+            "failed",
+            "",
+            message=item["message"],
+            counterexample=item["counterexample"],
+            reproduce=item["reproduce"],
+            mode=item["mode"],
+        )
+        r.signature = item["signature"]
+        results.append(r)
+    for cause in group_causes(results):
+        terminalreporter.write_line(
+            f"ROOT CAUSE {cause['id']} took down {len(cause['properties'])} checks "
+            f"({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}: "
+            f"{cause['message']}"
+        )
+        terminalreporter.write_line(f"  minimal counterexample: {cause['counterexample']}")
+        terminalreporter.write_line(f"  reproduce: {cause['reproduce']}")
 
 
 @pytest.fixture
-def rope_mode() -> str:
-    """How the target is run (``ropecheck.modes``): eager, unless --rope-mode parametrizes it."""
-    return "eager"
+def rope_run(request):
+    """Runs one check of the session (``rope_check``: dtype, property or probe, mode) and
+    reports it as pytest reports a test."""
+    return lambda check: run_check(request, check)
 
 
-@pytest.fixture
-def rope_callable(rope_target, rope_dtype, rope_warm_up):
-    """The target, once it has been shown callable in this dtype."""
-    problem = rope_warm_up.get(rope_dtype)
-    if problem is not None:
-        pytest.fail(f"target cannot be called: {problem}", pytrace=False)
-    return callable_in(rope_target, rope_warm_up)
-
-
-_ranges: dict = {}
-
-
-@pytest.fixture
-def rope_range(rope_callable, rope_dtype, rope_options, request):
-    """(the position-range finding, the target restricted to the positions it accepts),
-    probed once per dtype."""
-    if rope_dtype not in _ranges:
-        _ranges[rope_dtype] = probe_position_range(
-            rope_callable, rope_dtype, rope_options,
-            replay_pytest_command(request.config, "position-range", rope_dtype))
-    return _ranges[rope_dtype]
+def run_check(request, check: tuple) -> None:
+    """One check, reported as pytest reports a test: passed, failed (with the failure
+    text), skipped, or xfail for a known failure."""
+    session = session_of(request.config)
+    dtype, name, mode = check
+    if dtype in session.unsupported:
+        pytest.skip(f"{dtype} not supported: {session.unsupported[dtype]}")
+    result = session.run_one(name, dtype, mode)
+    for note in result.notes:
+        print(f"support note ({dtype}): {note}")
+    if result.status == "failed" and result.signature:
+        request.node.user_properties.append(
+            (
+                RESULT_KEY,
+                {
+                    "property": result.property,
+                    "dtype": result.dtype,
+                    "mode": result.mode,
+                    "signature": result.signature,
+                    "message": result.message,
+                    "counterexample": result.counterexample,
+                    "reproduce": result.reproduce,
+                },
+            )
+        )
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    where = column_label(result.dtype, result.mode)
+    if result.status == "known":
+        pytest.xfail(f"known failure: {result.message}")
+    if result.status != "passed":
+        lines = [
+            f"{result.property} ({where}): {result.formula}",
+            result.message,
+            f"likely cause: {result.diagnosis}" if result.diagnosis else "",
+            f"minimal counterexample: {result.counterexample}",
+            f"reproduce: {result.reproduce}",
+        ]
+        pytest.fail("\n".join(line for line in lines if line), pytrace=False)

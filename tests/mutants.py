@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ropecheck.builtins import rotate_half
-from ropecheck.target import Convention, Target
+from ropecheck.targets.builtins import rotate_half
+from ropecheck.targets.target import Convention, Target
 
 BASE = 10000.0
 HALF = Convention("half", BASE)

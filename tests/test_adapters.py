@@ -4,23 +4,21 @@ say why, with the install hint, instead of crashing."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
-from ropecheck import known_failures
+from ropecheck.session import known_failures
 from ropecheck.adapters import ADAPTERS
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.registry import Adapter
-from ropecheck.loading import TargetLoadError, load
-from ropecheck.target import Convention
+from ropecheck.session.loading import TargetLoadError, load
+from ropecheck.targets.target import Convention
 
 QUICK = RunOptions(profile="ci", max_examples=4, timeout=120)
 SLOW = {n for n in ADAPTERS if n.startswith(("flash-attn-rotary", "liger-kernel"))}  # interpreter
 KNOWN = known_failures.load()
-ONE_D = sorted(n for n in ADAPTERS if n not in ND_ADAPTERS)  # N-D ones: tests/test_nd_checks.py
+ONE_D = sorted(n for n, a in ADAPTERS.items() if a.family == "rope")  # N-D ones: tests/test_nd_checks.py
 
 
 @pytest.mark.parametrize("name", ONE_D)

@@ -17,11 +17,11 @@ import torch
 
 from ropecheck.adapters import ADAPTERS
 from ropecheck.adapters.registry import Adapter
-from ropecheck.builtins import BUILTIN_FORMS, BUILTINS
+from ropecheck.targets.builtins import BUILTIN_FORMS, BUILTINS
 from ropecheck.kernels.triton_env import triton_missing
-from ropecheck.loading import load
-from ropecheck.target import Convention
-from ropecheck.tolerance import ErrorModel
+from ropecheck.session.loading import load
+from ropecheck.targets.target import Convention
+from ropecheck.properties.tolerance import ErrorModel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton compiled on a GPU, interpreted here
 

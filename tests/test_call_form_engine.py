@@ -11,10 +11,11 @@ from hypothesis import given, settings
 
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, call_time_limit, run_property
-from ropecheck.properties.strategies import cases, counts_up, critical_cases, in_form, large_cases, within
-from ropecheck.call_forms import Form, segment_lengths
-from ropecheck.calling import Caller, CallError
-from ropecheck.target import Convention, Target
+from ropecheck.properties.fixed_cases import counts_up, critical_cases, in_form, large_cases, within
+from ropecheck.properties.strategies import cases
+from ropecheck.calling.forms import segment_lengths
+from ropecheck.properties.interface import CallError
+from ropecheck.targets.target import Convention, Target
 from tests import call_form_kernels as kernels
 from tests.test_cli import check
 
@@ -76,7 +77,7 @@ def test_a_qk_call_splits_heads_as_the_case_says():
         return q.clone(), k.clone()
 
     case = in_form(critical_cases("float32")[3], "qk")  # seed 4: one key head, separate storage
-    caller = Caller(Target("t", rope, call="qk"))
+    caller = Target("t", rope, call="qk").caller()
     y = caller(case.tensor(), case.positions_tensor(), case=case)
     assert seen["q"][2] == case.heads and seen["k"][2] == case.k_heads == 1
     assert not seen["shared"] and y.shape == case.shape
@@ -89,7 +90,7 @@ def test_writing_into_a_separate_k_is_an_input_modified_in_place():
 
     case = in_form(critical_cases("float32")[3], "qk")
     with pytest.raises(CallError, match="modified its input"):
-        Caller(Target("t", rope, call="qk"))(case.tensor(), case.positions_tensor(), case=case)
+        Target("t", rope, call="qk").caller()(case.tensor(), case.positions_tensor(), case=case)
 
 
 def test_a_call_on_some_packed_tokens_gets_their_own_sequences():
@@ -99,21 +100,21 @@ def test_a_call_on_some_packed_tokens_gets_their_own_sequences():
         got["cu"] = cu_seqlens.tolist()
         return x.clone()
 
-    caller = Caller(Target("t", rope, call="packed"))
+    caller = Target("t", rope, call="packed").caller()
     caller(torch.zeros(1, 5, 1, 8), torch.tensor([[3, 4, 5, 0, 1]]))
     assert got["cu"] == [0, 3, 5]
 
 
 def test_qk_outputs_that_do_not_fit_are_contract_findings():
     case = in_form(critical_cases("float32")[0], "qk")
-    caller = Caller(Target("t", lambda q, k, p: (q.clone(), None), call="qk"))
+    caller = Target("t", lambda q, k, p: (q.clone(), None), call="qk").caller()
     with pytest.raises(CallError, match="no k_out"):
         caller(case.tensor(), case.positions_tensor(), case=case)
 
 
 def test_a_qk_vjp_with_one_output_cut_from_autograd_names_it():
     case = in_form(critical_cases("float32")[3], "qk")  # one key head
-    caller = Caller(Target("t", lambda q, k, p: (q * 2, k.detach() * 2), call="qk"))
+    caller = Target("t", lambda q, k, p: (q * 2, k.detach() * 2), call="qk").caller()
     caller.case = case
     with pytest.raises(CallError, match="k_out does not require grad while q_out does"):
         caller.vjp(case.tensor(), case.positions_tensor(), case.tensor(1))
@@ -166,9 +167,10 @@ def _nd_qk(forget_mqa_k: bool):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_nd_family_in_the_qk_form(broken):
-    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+    from ropecheck.properties.nd_checks import ND_PROPERTIES
     conv, rope = _nd_qk(broken)
-    target = NDTarget("mrope-qk", rope, 3, conv, (conv.head_dim,), backward=False, call="qk")
+    target = Target("mrope-qk", rope, conv, family="mrope", n_axes=3, head_dims=(conv.head_dim,), backward=False,
+                    call="qk")
     result = run_property(ND_PROPERTIES["reference"], target, "float32", QUICK)
     assert result.status == ("failed" if broken else "passed"), result.message
     if broken:
@@ -201,9 +203,10 @@ def _nd_packed(bug: str = ""):
 
 @pytest.mark.parametrize("bug", ["", "empty-skips-next", "counting"])
 def test_nd_family_in_the_packed_form(bug):
-    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+    from ropecheck.properties.nd_checks import ND_PROPERTIES
     conv, rope = _nd_packed(bug)
-    target = NDTarget("mrope-packed", rope, 3, conv, (conv.head_dim,), backward=False, call="packed")
+    target = Target("mrope-packed", rope, conv, family="mrope", n_axes=3, head_dims=(conv.head_dim,),
+                    backward=False, call="packed")
     if not bug:
         for name, prop in ND_PROPERTIES.items():
             result = run_property(prop, target, "float32", QUICK)

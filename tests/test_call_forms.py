@@ -23,7 +23,7 @@ import torch
 from ropecheck import reference
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions
-from ropecheck.target import Convention, Target
+from ropecheck.targets.target import Convention, Target
 from tests import call_form_kernels as kernels
 from tests.test_cli import FP32, check
 
@@ -337,7 +337,7 @@ def test_optional_k_kernel_passes_with_k(tmp_path):
 
 def run_declared(fn, **declared):
     """Every property, in this process, on a qk Target declared with ``declared``."""
-    from ropecheck.session import Session
+    from ropecheck.session.session import Session
 
     target = Target(name=fn.__name__, fn=fn, convention=Convention("half"), **declared)
     session = Session(target, ["float32"], list(PROPERTIES.values()), RunOptions(profile="ci"))

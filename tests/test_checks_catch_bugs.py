@@ -5,10 +5,10 @@ import pytest
 
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
-from ropecheck.builtins import BUILTINS, builtin
-from ropecheck.dtypes import DTYPES
-from ropecheck.kernels import target as triton_target
-from ropecheck.session import warm_up
+from ropecheck.targets.builtins import BUILTINS, builtin
+from ropecheck.properties.dtypes import DTYPES
+from ropecheck.targets import triton_builtins as triton_target
+from ropecheck.session.prepare import warm_up
 from tests.mutants import MUTANTS, mutant_target
 
 OPTIONS = RunOptions(profile="ci", max_examples=15, timeout=60)
@@ -58,7 +58,7 @@ def test_partial_rotary_builtin_passes():
 
 def test_partial_rotary_on_the_wrong_slice_fails():
     import torch
-    from ropecheck.target import Convention, Target
+    from ropecheck.targets.target import Convention, Target
     correct = builtin("rotate-half", rotary_dim=16)
 
     def last_features(x, p):  # rotates the last 16 features instead of the first

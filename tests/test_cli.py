@@ -525,7 +525,7 @@ def test_module_that_cannot_be_imported():
 def test_target_object_declares_its_own_convention(tmp_path):
     path = tmp_path / "declared.py"
     path.write_text(CORRECT + textwrap.dedent('''
-        from ropecheck.target import Convention, Target
+        from ropecheck.targets.target import Convention, Target
         rope = Target("declared", correct_rope, Convention("half", 10000.0), backward=False)
     '''))
     result = check(f"{path}:rope", *FP32, *FAST)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ropecheck
-from ropecheck import devices
-from ropecheck.execution import Execution
+from ropecheck.calling import devices
+from ropecheck.calling.execution import Execution, Request
 from tests.test_cli import FP32, check
 
 pytest_plugins = ["pytester"]
@@ -69,14 +69,14 @@ def test_the_call_sees_the_device_tensor_and_values_come_back():
         return x * 2
 
     x = torch.randn(2, 6, 3, 8).transpose(1, 2)  # a transposed view
-    outcome = Execution(rope).run("call", (x,), torch.zeros(2, 3, dtype=torch.int64), device="cpu")
+    outcome = Execution(rope).run(Request("call", (x,), torch.zeros(2, 3, dtype=torch.int64), device="cpu"))
     assert seen == {"device": torch.device("cpu"), "stride": x.stride(), "positions": torch.device("cpu")}
     assert outcome.error is None and torch.equal(outcome.outputs, x * 2)
 
 
 def test_an_output_on_another_device_is_a_contract_finding():
     outcome = Execution(lambda x, positions: x.to("meta")).run(
-        "call", (torch.randn(1, 2, 1, 8),), torch.zeros(1, 2, dtype=torch.int64))
+        Request("call", (torch.randn(1, 2, 1, 8),), torch.zeros(1, 2, dtype=torch.int64)))
     assert outcome.error == ("device", "output on meta, input on cpu")
 
 
@@ -97,8 +97,8 @@ def test_a_missing_device_is_exit_2_with_the_reason(tmp_path):
 def test_a_target_declaring_cuda_only(tmp_path):
     kernel = tmp_path / "cuda_kernel.py"
     kernel.write_text(textwrap.dedent('''
-        from ropecheck.builtins import make_rotate_half
-        from ropecheck.target import Convention, Target
+        from ropecheck.targets.builtins import make_rotate_half
+        from ropecheck.targets.target import Convention, Target
 
         rope = Target("cuda-kernel", make_rotate_half(), Convention("half"), devices=("cuda",))
     '''))

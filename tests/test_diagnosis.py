@@ -6,8 +6,8 @@ import torch
 
 from ropecheck.properties.checks import Context
 from ropecheck.properties.diagnosis import likely_cause, probe_positions, suspects
-from ropecheck.builtins import builtin
-from ropecheck.target import Convention, Target
+from ropecheck.targets.builtins import builtin
+from ropecheck.targets.target import Convention, Target
 from tests.mutants import mutant_target
 
 BASE = 10000.0
@@ -254,13 +254,13 @@ def test_rounding_candidates_are_told_apart(kind, dtype):
     dtype's target. cos/sin rounding errs by u_L rho at every m and changes pair norms;
     angle rounding keeps norms and errs by ~u_L |m theta_i|, a radian where m is not
     representable in L."""
-    from ropecheck.properties import diagnosis
+    from ropecheck.properties import diagnosis, suspects as models
     L = torch.float16 if dtype == "float16" else torch.bfloat16
     kw = dict(cos_dtype=L) if kind == "cos/sin" else dict(angle_dtype=L)
     probe = diagnosis._probe(ctx_for(kernel(**kw), "float32", max_position=32768))
 
     def holds(option):
-        model = diagnosis._rounding(probe, option)
+        model = models._rounding(probe, option)
         return model is not None and diagnosis._score(probe, model) <= 1.0
 
     assert holds((kind, dtype))

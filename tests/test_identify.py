@@ -17,10 +17,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ropecheck.builtins import BUILTIN_FORMS, BUILTINS, builtin
+from ropecheck.targets.builtins import BUILTIN_FORMS, BUILTINS, builtin
 from ropecheck.cli import main
-from ropecheck.identification import Identification, identify, round_within
-from ropecheck.target import Target
+from ropecheck.identification.engine import identify
+from ropecheck.identification.result import Identification
+from ropecheck.identification.inference import round_within
+from ropecheck.targets.target import Target
 from ropecheck.properties.strategies import FREE_HEAD_DIMS
 from ropecheck.reference.scaling import parse
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ropecheck.properties.runner import Result
-from ropecheck import known_failures
+from ropecheck.session import known_failures
 
 RECORD = """
 [[known]]
@@ -56,7 +56,7 @@ def test_malformed_files_are_refused(tmp_path, text, message):
 def test_cli_known_failure_turns_a_failing_run_green(tmp_path):
     """A kernel with a sign bug fails; recorded as known, the run exits 0 and still shows it."""
     kernel = tmp_path / "flipped.py"
-    kernel.write_text("from ropecheck.builtins import make_rotate_half\n"
+    kernel.write_text("from ropecheck.targets.builtins import make_rotate_half\n"
                       "_good = make_rotate_half()\n"
                       "def rope(x, p):\n    return _good(x, -p)\n")
     known = tmp_path / "known.toml"

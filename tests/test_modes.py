@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ropecheck
-from ropecheck import modes
+from ropecheck.calling import modes
 from tests.test_cli import FP32, check
 
 KERNELS = str(Path(__file__).with_name("mode_kernels.py"))

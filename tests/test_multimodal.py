@@ -1,8 +1,8 @@
 """Multimodal position builders: the seed's formulas, and the builder checks on right and wrong builders."""
-import numpy as np
 import pytest
 
-from ropecheck.properties.builder_checks import BUILDER_PROPERTIES, BuilderTarget, family
+from ropecheck.properties.builder_checks import BUILDER_PROPERTIES, family
+from ropecheck.targets.target import Target
 from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.reference import multimodal as mm
 
@@ -67,7 +67,8 @@ def _shift_text_after_media(segments, p):
 ])
 def test_builder_checks_pass_good_and_catch_bad(name, fam, good, bad, catches):
     f, options = family(*fam), RunOptions(profile="ci")
-    right, wrong = BuilderTarget(name, good, f), BuilderTarget(name, bad, f)
+    right, wrong = (Target(name, fn, f, family=f"{f.name}-builder", call="segments", dtypes=("-",), backward=False,
+                           n_axes=f.n_axes) for fn in (good, bad))
     for prop in BUILDER_PROPERTIES.values():
         assert run_property(prop, right, "-", options).status in ("passed", "skipped")
     assert run_property(BUILDER_PROPERTIES[catches], wrong, "-", options).status == "failed"

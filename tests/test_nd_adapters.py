@@ -4,20 +4,20 @@ largest position a grid-table target declares, and the rotary-embedding-torch of
 from __future__ import annotations
 
 import pytest
-import torch
 from click.testing import CliRunner
 
-from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+from ropecheck.properties.nd_checks import INVERTIBILITY_STEP, ND_PROPERTIES, limit
+from ropecheck.properties.strategies import prime_step
+from ropecheck.targets.target import Target
 from ropecheck.properties.runner import run_property
 from ropecheck.properties.runner import RunOptions
 from ropecheck.reference.nd import axial
 from ropecheck.adapters import ADAPTERS
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.cli import main
 from tests.test_nd_checks import _torch
 
 OPTIONS = RunOptions(profile="ci", max_examples=6)
-ROTATIONS = sorted(n for n, flags in ND_ADAPTERS.items() if not flags["family"].endswith("-builder"))
+ROTATIONS = sorted(n for n, a in ADAPTERS.items() if a.family in ("axial", "mrope", "nd"))
 # library defects these adapters expose (README, "Findings"): the check must fail them in
 # float32, and the shipped known-failure record must excuse exactly that
 DEFECTIVE = {"rotary-embedding-torch-axial-offsets"}
@@ -70,21 +70,21 @@ def _table_rope(limit):
 
 @pytest.mark.parametrize("prop", sorted(ND_PROPERTIES))
 def test_checks_stay_within_a_declared_max_position(prop):
-    target = NDTarget("table", _table_rope(300), 2, CONV, (8,), max_position=300)
-    assert target.invertibility_step == 73  # the largest prime <= 300 / 4
+    target = Target("table", _table_rope(300), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=300)
+    assert prime_step(INVERTIBILITY_STEP, limit(target) // 4) == 73  # the largest prime <= 300 / 4
     assert run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
 
 
 def test_without_the_declaration_the_table_target_is_driven_past_its_end():
-    target = NDTarget("table", _table_rope(300), 2, CONV, (8,))
+    target = Target("table", _table_rope(300), CONV, family="axial", n_axes=2, head_dims=(8,))
     assert run_property(ND_PROPERTIES["relativity-axis"], target, "float32", OPTIONS).status == "failed"
 
 
 def test_max_position_below_the_smallest_usable_range_is_refused(tmp_path):
     with pytest.raises(ValueError, match="at least 255"):
-        NDTarget("table", _table_rope(100), 2, CONV, (8,), max_position=100)
+        Target("table", _table_rope(100), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=100)
     module = tmp_path / "tiny.py"
-    module.write_text("from ropecheck.target import Target\n"
+    module.write_text("from ropecheck.targets.target import Target\n"
                       "TINY = Target(name='tiny', fn=lambda x, positions: x, max_position=100)\n")
     result = _check(f"{module}:TINY", "--family", "nd", "--axes", "2")
     assert result.exit_code == 2 and "at least 255" in result.output and "Traceback" not in result.output

@@ -8,7 +8,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget
+from ropecheck.properties.nd_checks import ND_PROPERTIES
+from ropecheck.targets.target import Target
 from ropecheck.properties.runner import run_property
 from ropecheck.properties.runner import RunOptions
 from ropecheck.reference.nd import axial, mrope
@@ -47,7 +48,8 @@ def _noncommuting(x, positions):  # axis 0 on planes (0,1),(2,3).., axis 1 on (1
 
 def _result(fn, prop, conv=CONV, dtype="float32", declared=True, **kw):
     """``declared``: the target is checked with conv as its convention (else spec-free)."""
-    target = NDTarget("t", fn, conv.n_axes, conv if declared else None, (conv.head_dim,), **kw)
+    target = Target("t", fn, conv if declared else None, family="axial", n_axes=conv.n_axes,
+                    head_dims=(conv.head_dim,), **kw)
     return run_property(ND_PROPERTIES[prop], target, dtype, OPTIONS)
 
 
@@ -198,9 +200,9 @@ def test_one_axis_cases_hand_1d_targets_their_positions():
 def test_1d_targets_under_the_nd_checks_with_one_axis(layout, builtin, passes):
     """A 1-D target, called with positions (batch, seq), checked by the N-D family with
     one axis: the right layout passes every N-D property, the wrong one fails reference."""
-    from ropecheck.builtins import builtin as make
+    from ropecheck.targets.builtins import builtin as make
     conv = axial(8, 1, layout=layout)
-    target = NDTarget(builtin, make(builtin).fn, 1, conv, (8,))
+    target = Target(builtin, make(builtin).fn, conv, family="axial", n_axes=1, head_dims=(8,))
     statuses = {prop: run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status for prop in ND_PROPERTIES}
     if passes:
         assert set(statuses.values()) == {"passed"}, statuses

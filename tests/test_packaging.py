@@ -29,4 +29,4 @@ def test_the_wheel_holds_only_the_ropecheck_package(tmp_path):
             inside = init.relative_to(ROOT / folder).as_posix()
             assert f"{installed}/{inside}" in names, f"{folder}/{inside} is not in the wheel"
     assert "ropecheck/properties/test_properties.py" in names
-    assert "ropecheck/known_failures.toml" in names
+    assert "ropecheck/session/known_failures.toml" in names

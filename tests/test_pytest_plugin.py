@@ -113,7 +113,7 @@ def test_rope_call_reaches_the_engine(pytester):
             return [f"rope_call={config.getoption('rope_call')!r}"]
     ''')
     pytester.makepyfile(qk_kernel='''
-        from ropecheck.builtins import make_rotate_half
+        from ropecheck.targets.builtins import make_rotate_half
         _rope = make_rotate_half()
         def rope(q, k, positions):
             return _rope(q, positions), _rope(k, positions)

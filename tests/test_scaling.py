@@ -13,7 +13,7 @@ from scipy.optimize import brentq
 from ropecheck.reference import inv_freq
 from ropecheck.reference.scaling import (NTK, DynamicNTK, Linear, Llama3, LongRoPE, Scaling, YaRN,
                                from_parameters, parse, yarn_correction_range)
-from ropecheck.tolerance import ANGLE_CONST, U32
+from ropecheck.properties.tolerance import ANGLE_CONST, U32
 
 R, BASE = 64, 10000.0
 
@@ -158,7 +158,7 @@ def test_llama3_float32_band_error_stays_inside_the_model():
 
     import torch
 
-    from ropecheck.tolerance import ErrorModel
+    from ropecheck.properties.tolerance import ErrorModel
 
     rng = random.Random(0)
     worst = 0.0

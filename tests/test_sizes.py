@@ -17,15 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ropecheck.properties import cases as case_module
-from ropecheck.properties import checks, sizes as size_sets
+from ropecheck.properties import checks, one_d, sizes as size_sets
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.cases import Case
 from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
 from ropecheck.properties.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
-from ropecheck.properties.strategies import cases, huge_case, production_cases
+from ropecheck.properties.fixed_cases import huge_case, production_cases
+from ropecheck.properties.strategies import cases
 from ropecheck.reference.scaling import parse as parse_scaling
-from ropecheck.target import Convention, Target
+from ropecheck.targets.target import Convention, Target
 from tests.test_cli import FP32, check
 
 KERNELS = str(Path(__file__).with_name("size_kernels.py"))
@@ -117,19 +118,19 @@ def test_chunked_reference_gives_the_unchunked_verdict(monkeypatch, scaling):
     case = Case("float32", 2, 300, 3, 64, tuple(tuple(range(o, o + 300)) for o in (0, 90)))
     p, x = case.positions_array(), case.tensor()
     y = _rotated(ctx, case)
-    whole = checks._against_reference(ctx, y, x, p, what="whole")
-    monkeypatch.setattr(checks, "REFERENCE_CHUNK", 2 * 3 * 64 * 7)  # 7 tokens a chunk
-    assert checks._against_reference(ctx, y, x, p, what="chunked") == pytest.approx(whole, rel=1e-12)
+    whole = one_d.against_reference(ctx, y, x, p, what="whole")
+    monkeypatch.setattr(one_d, "REFERENCE_CHUNK", 2 * 3 * 64 * 7)  # 7 tokens a chunk
+    assert one_d.against_reference(ctx, y, x, p, what="chunked") == pytest.approx(whole, rel=1e-12)
     assert whole <= 1.0
 
 
 def test_a_chunked_failure_names_its_place_in_the_whole(monkeypatch):
-    monkeypatch.setattr(checks, "REFERENCE_CHUNK", 1 * 2 * 16 * 10)  # 10 tokens a chunk
+    monkeypatch.setattr(one_d, "REFERENCE_CHUNK", 1 * 2 * 16 * 10)  # 10 tokens a chunk
     ctx = _context(Convention("interleaved"))
     case = Case("float32", 1, 95, 2, 16, (tuple(range(1000, 1095)),))
     y = _rotated(ctx, case, wrong_at=87)
     with pytest.raises(CheckFailure) as failure:
-        checks._against_reference(ctx, y, case.tensor(), case.positions_array(), what="f against R")
+        one_d.against_reference(ctx, y, case.tensor(), case.positions_array(), what="f against R")
     assert failure.value.where == {"batch": 0, "seq": 87, "head": 0, "feature": 1}
     assert "position=1087" in str(failure.value) and "1 / 3040" in str(failure.value)
 
@@ -211,12 +212,13 @@ def test_a_kernel_ignoring_the_batch_stride_fails_on_views_and_is_right_on_conti
 def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
     """N-D and xPos targets keep their own head sizes and take the production sequences,
     heads and q/k ratios; checks that compare (seq x seq) scores stop at SCORES_MAX_SEQ."""
-    from ropecheck.properties.nd_checks import ND_PROPERTIES, NDTarget, nd_cases
+    from ropecheck.properties.nd_checks import ND_PROPERTIES, nd_cases
     from ropecheck.properties.strategies import SCORES_MAX_SEQ
-    from ropecheck.properties.xpos_checks import XposTarget, xpos_cases
+    from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, xpos_cases
 
-    nd = NDTarget("nd", lambda x, p: x, n_axes=3, head_dims=(16,), call="qk")
-    xpos = XposTarget("xpos", lambda q, k, p: (q, k))
+    nd = Target("nd", lambda x, p: x, family="nd", n_axes=3, head_dims=(16,), call="qk")
+    xpos = Target("xpos", lambda q, k, p: (q, k), family="xpos", call="qk", head_dims=(8, 64),
+                  max_position=XPOS_MAX_POSITION)
     assert ND_PROPERTIES["relativity-axis"].case_options["max_seq"] == SCORES_MAX_SEQ
     assert checks.PROPERTIES["relativity"].case_options["max_seq"] == SCORES_MAX_SEQ
     longest = {"nd": 0, "nd-scores": 0, "xpos": 0}

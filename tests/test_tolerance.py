@@ -12,9 +12,9 @@ from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.cases import Case
 from ropecheck.properties.checks import PROPERTIES, Context
 from ropecheck.properties.accuracy import accuracy_sweep
-from ropecheck.builtins import builtin
-from ropecheck.target import Convention, Target
-from ropecheck.tolerance import K_OPS, U32, ErrorModel
+from ropecheck.targets.builtins import builtin
+from ropecheck.targets.target import Convention, Target
+from ropecheck.properties.tolerance import K_OPS, U32, ErrorModel
 from tests import mutants
 
 HALF = Convention("half", 10000.0)

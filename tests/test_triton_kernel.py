@@ -22,13 +22,13 @@ from ropecheck import reference
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.properties.strategies import max_position_for
-from ropecheck.builtins import builtin
-from ropecheck.dtypes import DTYPES
-from ropecheck.kernels import target as triton_target
+from ropecheck.targets.builtins import builtin
+from ropecheck.properties.dtypes import DTYPES
+from ropecheck.targets import triton_builtins as triton_target
 from ropecheck.kernels.triton_env import triton_missing
-from ropecheck.loading import TargetLoadError, load
-from ropecheck.target import Convention, Target
-from ropecheck.tolerance import ErrorModel
+from ropecheck.session.loading import TargetLoadError, load
+from ropecheck.targets.target import Convention, Target
+from ropecheck.properties.tolerance import ErrorModel
 
 WHY_NOT = triton_missing()
 requires_triton = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))

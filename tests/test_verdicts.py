@@ -307,8 +307,8 @@ def test_invertibility_noise_counts_only_the_rotated_features():
     bfloat16; a partial-rotary target that ignores positions still fails."""
     from ropecheck.properties.checks import PROPERTIES
     from ropecheck.properties.runner import RunOptions, run_property
-    from ropecheck.loading import load
-    from ropecheck.target import Target
+    from ropecheck.session.loading import load
+    from ropecheck.targets.target import Target
 
     options = RunOptions(profile="ci")
     phi3 = load("hf-phi3-longrope")
@@ -323,7 +323,7 @@ def test_an_output_holding_nan_is_not_a_changed_output():
     bits are; only a real change is the aliasing finding."""
     import torch
 
-    from ropecheck.execution import Execution
+    from ropecheck.calling.execution import Execution
 
     buffer = torch.zeros(1, 1, 1, 4)
 
@@ -347,7 +347,7 @@ def test_statelessness_example_keeps_to_the_other_dtypes_magnitudes():
     from ropecheck.properties.cases import Case
     from ropecheck.properties.checks import PROPERTIES, Context
     from ropecheck.properties.strategies import scales
-    from ropecheck.builtins import builtin
+    from ropecheck.targets.builtins import builtin
 
     target = builtin("rotate-half").with_(dtypes=("float32", "float16"))
     ctx = Context(target=target, dtype="float32")
@@ -422,7 +422,7 @@ def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
     import torch
 
     from ropecheck.properties.cases import Case
-    from ropecheck.execution import Execution
+    from ropecheck.calling.execution import Execution
 
     seen = []
 
@@ -460,7 +460,7 @@ def test_message_and_counterexample_describe_the_same_failure(tmp_path):
     ''')
     from ropecheck.properties.checks import PROPERTIES
     from ropecheck.properties.runner import RunOptions, run_property
-    from ropecheck.loading import load
+    from ropecheck.session.loading import load
 
     target = load(write(tmp_path, "two_failures", source))
     target = target.with_(convention=__import__("ropecheck.target", fromlist=["Convention"]).Convention("half"))
@@ -487,8 +487,8 @@ def test_table_cell_shows_the_largest_error_seen(tmp_path):
     ''')
     from ropecheck.properties.checks import PROPERTIES
     from ropecheck.properties.runner import RunOptions, run_property
-    from ropecheck.loading import load
-    from ropecheck.target import Convention
+    from ropecheck.session.loading import load
+    from ropecheck.targets.target import Convention
 
     target = load(write(tmp_path, "drifts", source)).with_(convention=Convention("half"))
     result = run_property(PROPERTIES["reference"], target, "float32", RunOptions(profile="ci", max_examples=20))

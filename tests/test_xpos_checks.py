@@ -10,13 +10,20 @@ import torch
 from click.testing import CliRunner
 
 from ropecheck.properties.runner import RunOptions, run_property
-from ropecheck.properties.xpos_checks import XPOS_PROPERTIES, XposConvention, XposTarget
+from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, XPOS_PROPERTIES, XposConvention
+from ropecheck.targets.target import Target
 from ropecheck.reference.relatives import apply_xpos
 from ropecheck.reference.rope import pair_indices
 from ropecheck.cli import main
 from tests.mutants import _like_strided
 
 OPTIONS = RunOptions(profile="ci", max_examples=8)
+
+
+def xpos_target(fn, convention, **kw) -> Target:
+    """An xPos target as ``ropecheck check --family xpos`` declares it."""
+    return Target("t", fn, convention, **{"family": "xpos", "call": "qk", "max_position": XPOS_MAX_POSITION,
+                                          "dtypes": ("float32", "bfloat16"), **kw})
 
 
 def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.float32, scaled=True,
@@ -73,7 +80,7 @@ def make_xpos(layout="interleaved", gamma=0.4, key_sign=-1.0, scale_dtype=torch.
 
 
 def _result(fn, prop, layout="interleaved", dtype="float32", **kw):
-    target = XposTarget("t", fn, XposConvention(layout), head_dims=(8, 16), **kw)
+    target = xpos_target(fn, XposConvention(layout), head_dims=(8, 16), **kw)
     return run_property(XPOS_PROPERTIES[prop], target, dtype, OPTIONS)
 
 
@@ -207,13 +214,13 @@ def _pair_contract_breakers():
 
 def test_contract_turns_bad_outputs_into_findings():
     for fn in _pair_contract_breakers():
-        target = XposTarget("t", fn, XposConvention(), head_dims=(8,))
+        target = xpos_target(fn, XposConvention(), head_dims=(8,))
         result = run_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
         assert result.status == "failed" and result.message, result
 
 
 def test_contract_k_out_shaped_as_q_fails_with_fewer_k_heads():
-    target = XposTarget("t", lambda q, k, p: (q.clone(), q.clone()), XposConvention(), head_dims=(8,))
+    target = xpos_target(lambda q, k, p: (q.clone(), q.clone()), XposConvention(), head_dims=(8,))
     result = run_property(XPOS_PROPERTIES["contract"], target, "float32", OPTIONS)
     assert result.status == "failed" and "k_out shape" in result.message, result
     q_heads, k_heads = _heads(result.counterexample)

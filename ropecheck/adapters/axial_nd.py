@@ -18,7 +18,6 @@ size) are not RoPE at integer positions and are not adapted.
 
 from __future__ import annotations
 
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.others import import_timm_sincos
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
 
@@ -40,6 +39,7 @@ def grid_cells(positions):
 
 # --- timm ---------------------------------------------------------------------------
 
+
 def build_timm_cat():
     """``RotaryEmbeddingCat(in_pixels=False)`` (EVA-02's language-style bands, integer grid):
     axial, interleaved, base 10000, half of the head per axis."""
@@ -50,6 +50,7 @@ def build_timm_cat():
         shape, cells = grid_cells(positions)
         table = module(x.shape[-1]).get_embed(shape)  # (H W, 2 head_dim): sin | cos
         return sincos.apply_rot_embed_cat(x, table[cells][:, :, None, :])
+
     return rope
 
 
@@ -58,6 +59,7 @@ def build_timm_mixed():
     fx_p col + fy_p row with per-head frequencies, random at initialisation (seeded here):
     a commuting 2-D rotation with no fixed convention, judged by the spec-free checks."""
     import torch
+
     sincos = import_timm_sincos()
 
     def make(head_dim):
@@ -65,21 +67,25 @@ def build_timm_mixed():
             torch.manual_seed(0)
             module = sincos.RotaryEmbeddingMixed(head_dim * MIXED_HEADS, depth=1, num_heads=MIXED_HEADS)
         return module.eval().requires_grad_(False)
+
     module = per_head_dim(make)
 
     def rope(x, positions):
         if x.shape[2] > MIXED_HEADS:
             raise ValueError(f"this adapter has {MIXED_HEADS} heads of frequencies, x has {x.shape[2]}")
         shape, cells = grid_cells(positions)
-        table = module(x.shape[-1]).get_embed(shape)[0, :x.shape[2]]  # (heads, H W, 2 head_dim)
+        table = module(x.shape[-1]).get_embed(shape)[0, : x.shape[2]]  # (heads, H W, 2 head_dim)
         return sincos.apply_rot_embed_cat(x, table[:, cells].permute(1, 2, 0, 3))
+
     return rope
 
 
 # --- rotary-embedding-torch ---------------------------------------------------------
 
+
 def _ret_module(**kwargs):
     from rotary_embedding_torch import RotaryEmbedding
+
     # two axes share the head: each gets head_dim / 2 features, i.e. dim = head_dim / 2
     return per_head_dim(lambda d: RotaryEmbedding(dim=d // 2, freqs_for="lang", **kwargs))
 
@@ -88,12 +94,14 @@ def build_ret_axial():
     """``RotaryEmbedding(freqs_for='lang').get_axial_freqs(H, W)`` + ``apply_rotary_emb``:
     axial, interleaved, base 10000."""
     from rotary_embedding_torch import apply_rotary_emb
+
     module = _ret_module()
 
     def rope(x, positions):
         shape, _ = grid_cells(positions)
         freqs = module(x.shape[-1]).get_axial_freqs(*shape)  # (H, W, head_dim)
         return apply_rotary_emb(freqs[positions[..., 0], positions[..., 1]][:, :, None, :], x)
+
     return rope
 
 
@@ -102,42 +110,80 @@ def build_ret_axial_offsets():
     the library's way to place a grid anywhere (default ``cache_if_possible=True``)."""
     import torch
     from rotary_embedding_torch import apply_rotary_emb
+
     module = _ret_module()
 
     def rope(x, positions):
         emb = module(x.shape[-1])
-        rows = [emb.get_axial_freqs(1, 1, offsets=tuple(int(v) for v in p))[0, 0]
-                for p in positions.reshape(-1, 2)]
+        rows = [emb.get_axial_freqs(1, 1, offsets=tuple(int(v) for v in p))[0, 0] for p in positions.reshape(-1, 2)]
         freqs = torch.stack(rows).reshape(*positions.shape[:2], 1, -1)
         return apply_rotary_emb(freqs, x)
+
     return rope
 
 
-AXIAL_2D = {"family": "axial", "axes": 2, "layout": "interleaved"}
+AXIAL_2D = {"axes": 2, "layout": "interleaved"}  # the --family axial parameters they imply
 
-register(Adapter(name="timm-rope-cat", library="timm", build=build_timm_cat, convention=None,
-                 description="timm RotaryEmbeddingCat(in_pixels=False) + apply_rot_embed_cat (2-D axial)",
-                 modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
-                 notes="N-D target: positions (batch, seq, 2) = (row, column) on a grid"))
-ND_ADAPTERS["timm-rope-cat"] = dict(AXIAL_2D)
+register(
+    Adapter(
+        name="timm-rope-cat",
+        library="timm",
+        build=build_timm_cat,
+        convention=None,
+        description="timm RotaryEmbeddingCat(in_pixels=False) + apply_rot_embed_cat (2-D axial)",
+        modules=("timm",),
+        install=TIMM_INSTALL,
+        max_position=GRID_MAX_POSITION,
+        notes="N-D target: positions (batch, seq, 2) = (row, column) on a grid",
+        family="axial",
+        implies=AXIAL_2D,
+    )
+)
 
-register(Adapter(name="timm-rope-mixed", library="timm", build=build_timm_mixed, convention=None,
-                 description="timm RotaryEmbeddingMixed (RoPE-Mixed, seeded frequencies; spec-free 2-D)",
-                 modules=("timm",), install=TIMM_INSTALL, max_position=GRID_MAX_POSITION,
-                 notes="N-D target: positions (batch, seq, 2); no reference (learnable frequencies)"))
-ND_ADAPTERS["timm-rope-mixed"] = {"family": "nd", "axes": 2}
+register(
+    Adapter(
+        name="timm-rope-mixed",
+        library="timm",
+        build=build_timm_mixed,
+        convention=None,
+        description="timm RotaryEmbeddingMixed (RoPE-Mixed, seeded frequencies; spec-free 2-D)",
+        modules=("timm",),
+        install=TIMM_INSTALL,
+        max_position=GRID_MAX_POSITION,
+        notes="N-D target: positions (batch, seq, 2); no reference (learnable frequencies)",
+        family="nd",
+        implies={"axes": 2},
+    )
+)
 
-register(Adapter(name="rotary-embedding-torch-axial", library="rotary-embedding-torch", build=build_ret_axial,
-                 convention=None, description="rotary-embedding-torch get_axial_freqs(H, W) + apply_rotary_emb "
-                                              "(2-D axial, freqs_for='lang')",
-                 modules=("rotary_embedding_torch",), install=RET_INSTALL,
-                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2) on a grid"))
-ND_ADAPTERS["rotary-embedding-torch-axial"] = dict(AXIAL_2D)
+register(
+    Adapter(
+        name="rotary-embedding-torch-axial",
+        library="rotary-embedding-torch",
+        build=build_ret_axial,
+        convention=None,
+        description="rotary-embedding-torch get_axial_freqs(H, W) + apply_rotary_emb (2-D axial, freqs_for='lang')",
+        modules=("rotary_embedding_torch",),
+        install=RET_INSTALL,
+        max_position=GRID_MAX_POSITION,
+        notes="N-D target: positions (batch, seq, 2) on a grid",
+        family="axial",
+        implies=AXIAL_2D,
+    )
+)
 
-register(Adapter(name="rotary-embedding-torch-axial-offsets", library="rotary-embedding-torch",
-                 build=build_ret_axial_offsets, convention=None,
-                 description="rotary-embedding-torch get_axial_freqs(1, 1, offsets=(row, col)) per token "
-                             "(2-D axial)",
-                 modules=("rotary_embedding_torch",), install=RET_INSTALL,
-                 max_position=GRID_MAX_POSITION, notes="N-D target: positions (batch, seq, 2), the offsets path"))
-ND_ADAPTERS["rotary-embedding-torch-axial-offsets"] = dict(AXIAL_2D)
+register(
+    Adapter(
+        name="rotary-embedding-torch-axial-offsets",
+        library="rotary-embedding-torch",
+        build=build_ret_axial_offsets,
+        convention=None,
+        description="rotary-embedding-torch get_axial_freqs(1, 1, offsets=(row, col)) per token (2-D axial)",
+        modules=("rotary_embedding_torch",),
+        install=RET_INSTALL,
+        max_position=GRID_MAX_POSITION,
+        notes="N-D target: positions (batch, seq, 2), the offsets path",
+        family="axial",
+        implies=AXIAL_2D,
+    )
+)

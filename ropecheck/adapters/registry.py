@@ -19,8 +19,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ropecheck.dtypes import DTYPES
-from ropecheck.target import Convention, Target
+from ropecheck.properties.convention import Convention
+from ropecheck.properties.dtypes import DTYPES
+from ropecheck.targets.target import Target
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class Adapter:
     inplace: bool = False
     rotary_dim: Optional[int] = None  # the head sizes it accepts are >= this one
     max_position: Optional[int] = None  # largest position it accepts (a fixed-length table)
-    call: str = "x"  # its call form: "x", "qk" or "packed" (ropecheck.target.Target.call)
+    call: str = "x"  # its call form: "x", "qk", "packed" or "segments" (Target.call)
     k_optional: bool = False  # a "qk" target that also takes k=None
     row_offsets: bool = False  # takes per-row offsets: positions are offset + arange(seq) per row
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
+    family: str = "rope"  # its family (--family): rope (1-D), axial, mrope, nd, xpos, *-builder
+    implies: dict = field(default_factory=dict)  # the family parameters it implies (sections, layout, ...)
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
     def why_unavailable(self) -> Optional[str]:
@@ -59,11 +62,23 @@ class Adapter:
         return self.unavailable() if self.unavailable else None
 
     def target(self) -> Target:
-        return Target(name=self.name, fn=self.build(), convention=self.convention,
-                      dtypes=self.dtypes, backward=self.backward, inplace=self.inplace,
-                      rotary_dim=self.rotary_dim, description=self.description,
-                      max_position=self.max_position, call=self.call,
-                      k_optional=self.k_optional, row_offsets=self.row_offsets, devices=self.devices)
+        return Target(
+            name=self.name,
+            fn=self.build(),
+            convention=self.convention,
+            family=self.family,
+            dtypes=self.dtypes,
+            backward=self.backward,
+            inplace=self.inplace,
+            rotary_dim=self.rotary_dim,
+            description=self.description,
+            max_position=self.max_position,
+            call=self.call,
+            implies=dict(self.implies),
+            k_optional=self.k_optional,
+            row_offsets=self.row_offsets,
+            devices=self.devices,
+        )
 
 
 def _importable(name: str) -> bool:
@@ -83,7 +98,10 @@ def import_bare(module: str):
     if module in sys.modules:
         return sys.modules[module]
     parts = module.split(".")
-    root = importlib.util.find_spec(parts[0]).submodule_search_locations[0]
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{parts[0]} is not an installed package")
+    root = spec.submodule_search_locations[0]
     for depth in range(1, len(parts)):
         name = ".".join(parts[:depth])
         if name not in sys.modules:
@@ -105,6 +123,7 @@ def per_head_dim(make: Callable):
         if head_dim not in cache:
             cache[head_dim] = make(head_dim)
         return cache[head_dim]
+
     return get
 
 

@@ -24,9 +24,8 @@ bfloat16 input (the float32 cos/sin promote the product); they differ in:
 
 from __future__ import annotations
 
-from ropecheck.reference.relatives import XPOS_SCALE_BASE
-from ropecheck.adapters.nd_registry import ND_ADAPTERS
 from ropecheck.adapters.registry import Adapter, per_head_dim, register
+from ropecheck.reference.relatives import XPOS_SCALE_BASE
 
 SCALE_BASE = int(XPOS_SCALE_BASE)
 
@@ -45,7 +44,6 @@ def _slots(positions):
 
 
 def build_rotary_embedding_torch():
-    import torch
     from rotary_embedding_torch import RotaryEmbedding
 
     module = per_head_dim(lambda key: RotaryEmbedding(key[0], use_xpos=True, xpos_scale_base=SCALE_BASE))
@@ -61,6 +59,7 @@ def build_rotary_embedding_torch():
 
         q_out, k_out = module((q.shape[-1], q.dtype)).rotate_queries_and_keys(spread(q), spread(k), seq_dim=-3)
         return q_out[rows, cols], k_out[rows, cols]
+
     return xpos
 
 
@@ -72,20 +71,40 @@ def build_x_transformers():
     def xpos(q, k, positions):
         freqs, scale = module(q.shape[-1])(positions)  # (batch, seq, d) each, float32
         q_out = apply_rotary_pos_emb(q.transpose(1, 2), freqs, scale)
-        k_out = apply_rotary_pos_emb(k.transpose(1, 2), freqs, scale ** -1.)
+        k_out = apply_rotary_pos_emb(k.transpose(1, 2), freqs, scale**-1.0)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
     return xpos
 
 
-register(Adapter(name="rotary-embedding-torch-xpos", library="rotary-embedding-torch",
-                 build=build_rotary_embedding_torch, convention=None,
-                 description="RotaryEmbedding(use_xpos=True).rotate_queries_and_keys (xPos: --family xpos)",
-                 modules=("rotary_embedding_torch",), install="pip install rotary-embedding-torch==0.9.1 torch==2.13.0",
-                 notes="xPos target: consecutive positions 0 .. max(positions) only (no offsets); "
-                                       "tokens are read back from their positions"))
-register(Adapter(name="x-transformers-xpos", library="x-transformers", build=build_x_transformers, convention=None,
-                 description="RotaryEmbedding(use_xpos=True)(positions) + apply_rotary_pos_emb (xPos: --family xpos)",
-                 modules=("x_transformers",), install="pip install x-transformers==2.31.10 torch==2.13.0",
-                 notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)"))
-ND_ADAPTERS["rotary-embedding-torch-xpos"] = {"family": "xpos", "layout": "interleaved"}
-ND_ADAPTERS["x-transformers-xpos"] = {"family": "xpos", "layout": "interleaved"}
+register(
+    Adapter(
+        name="rotary-embedding-torch-xpos",
+        library="rotary-embedding-torch",
+        build=build_rotary_embedding_torch,
+        convention=None,
+        description="RotaryEmbedding(use_xpos=True).rotate_queries_and_keys (xPos: --family xpos)",
+        modules=("rotary_embedding_torch",),
+        install="pip install rotary-embedding-torch==0.9.1 torch==2.13.0",
+        notes="xPos target: consecutive positions 0 .. max(positions) only (no offsets); "
+        "tokens are read back from their positions",
+        family="xpos",
+        call="qk",
+        implies={"layout": "interleaved"},
+    )
+)
+register(
+    Adapter(
+        name="x-transformers-xpos",
+        library="x-transformers",
+        build=build_x_transformers,
+        convention=None,
+        description="RotaryEmbedding(use_xpos=True)(positions) + apply_rotary_pos_emb (xPos: --family xpos)",
+        modules=("x_transformers",),
+        install="pip install x-transformers==2.31.10 torch==2.13.0",
+        notes="xPos target: xpos(q, k, positions) -> (q_out, k_out)",
+        family="xpos",
+        call="qk",
+        implies={"layout": "interleaved"},
+    )
+)

@@ -32,8 +32,7 @@ def _round_bits(value, bits: int) -> float:
 @functools.lru_cache(maxsize=None)
 def _tables(rotary_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     with mpmath.workprec(_PRECISION):
-        theta = [mpmath.power(mpmath.mpf(base), -mpmath.mpf(2 * i) / rotary_dim)
-                 for i in range(rotary_dim // 2)]
+        theta = [mpmath.power(mpmath.mpf(base), -mpmath.mpf(2 * i) / rotary_dim) for i in range(rotary_dim // 2)]
         hi = [_round_bits(t, HI_BITS) for t in theta]
         lo = [float(t - h) for t, h in zip(theta, hi)]
         pio2 = mpmath.pi / 2

@@ -18,9 +18,9 @@ from typing import Optional, Union
 
 import torch
 
-from ropecheck.reference import check_layout, check_rotary_dim
 from ropecheck.kernels import rope_triton
 from ropecheck.kernels.angle_table import angle_tables
+from ropecheck.reference import check_layout, check_rotary_dim
 
 
 class _Plan:
@@ -29,8 +29,11 @@ class _Plan:
     def __init__(self, q, positions, offsets, cu_seqlens, max_seqlen, layout, base, rotary_dim):
         packed = cu_seqlens is not None
         if q.dim() != (3 if packed else 4):
-            raise ValueError(f"q must be {'(total, heads, head_dim) with cu_seqlens' if packed else '(batch, seq, heads, head_dim)'}, "
-                             f"got shape {tuple(q.shape)}")
+            raise ValueError(
+                "q must be "
+                + ("(total, heads, head_dim) with cu_seqlens" if packed else "(batch, seq, heads, head_dim)")
+                + f", got shape {tuple(q.shape)}"
+            )
         head_dim = q.shape[-1]
         r = check_rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
         self.interleaved = check_layout(layout) == "interleaved"
@@ -64,11 +67,20 @@ class _Plan:
         view = (lambda t: t[None]) if self.cu_seqlens is not None else (lambda t: t)
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             rope_triton.launch(
-                view(q), None if k is None else view(k), view(q_out),
+                view(q),
+                None if k is None else view(k),
+                view(q_out),
                 None if k_out is None else view(k_out),
-                positions=self.positions, offsets=self.offsets, cu_seqlens=self.cu_seqlens,
-                max_seqlen=self.max_seqlen, theta=self.theta, consts=self.consts,
-                n_pairs=self.n_pairs, interleaved=self.interleaved, sign=sign)
+                positions=self.positions,
+                offsets=self.offsets,
+                cu_seqlens=self.cu_seqlens,
+                max_seqlen=self.max_seqlen,
+                theta=self.theta,
+                consts=self.consts,
+                n_pairs=self.n_pairs,
+                interleaved=self.interleaved,
+                sign=sign,
+            )
 
 
 def _check_k(q, k, packed):
@@ -98,8 +110,7 @@ class _RopeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q, grad_k):
         """VJP of y = R_m x is R_m^T g = R_{-m} g: the same kernel with the sine negated."""
-        grads = [None if g is None else torch.empty(g.shape, dtype=g.dtype, device=g.device)
-                 for g in (grad_q, grad_k)]
+        grads = [None if g is None else torch.empty(g.shape, dtype=g.dtype, device=g.device) for g in (grad_q, grad_k)]
         if grad_q is None:  # only k's output was used: rotate k's gradient alone
             ctx.plan.run(grad_k, None, grads[1], None, sign=-1)
         else:
@@ -107,11 +118,19 @@ class _RopeFunction(torch.autograd.Function):
         return None, None, grads[0], grads[1]
 
 
-def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None,
-               positions: Optional[torch.Tensor] = None, *, offsets: Union[int, torch.Tensor] = 0,
-               layout: str = "half", base: float = 10000.0, rotary_dim: Optional[int] = None,
-               inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-               max_seqlen: Optional[int] = None):
+def apply_rope(
+    q: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    positions: Optional[torch.Tensor] = None,
+    *,
+    offsets: Union[int, torch.Tensor] = 0,
+    layout: str = "half",
+    base: float = 10000.0,
+    rotary_dim: Optional[int] = None,
+    inplace: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    max_seqlen: Optional[int] = None,
+):
     """Rotate q (and k) by m * theta_i, theta_i = base^(-2i/r), r = rotary_dim or head_dim.
 
     Positions m: ``positions`` when given; else ``offsets`` (int or (batch,) tensor) plus
@@ -123,7 +142,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None,
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"unsupported dtype {q.dtype}")
     if isinstance(offsets, torch.Tensor):
-        sequences = cu_seqlens.numel() - 1 if packed else q.shape[0]
+        sequences = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         if offsets.shape != (sequences,):
             raise ValueError(f"offsets must have shape ({sequences},), got {tuple(offsets.shape)}")
     plan = _Plan(q, positions, offsets, cu_seqlens, max_seqlen, layout, base, rotary_dim)

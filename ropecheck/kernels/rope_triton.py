@@ -46,10 +46,12 @@ def _cos_sin(m, theta_ptr, consts_ptr, p, pmask, n_pairs):
     k = tl.floor((a + b) * two_over_pi + 0.5)
     r = ((((a - k * c1) - k * c2) + b) - k * c3).to(tl.float32)
     z = r * r
-    sin_r = r + r * z * (-1.0 / 6 + z * (1.0 / 120 + z * (-1.0 / 5040 + z * (
-        1.0 / 362880 + z * (-1.0 / 39916800)))))
-    cos_r = 1.0 - 0.5 * z + z * z * (1.0 / 24 + z * (-1.0 / 720 + z * (1.0 / 40320 + z * (
-        -1.0 / 3628800 + z * (1.0 / 479001600)))))
+    sin_r = r + r * z * (-1.0 / 6 + z * (1.0 / 120 + z * (-1.0 / 5040 + z * (1.0 / 362880 + z * (-1.0 / 39916800)))))
+    cos_r = (
+        1.0
+        - 0.5 * z
+        + z * z * (1.0 / 24 + z * (-1.0 / 720 + z * (1.0 / 40320 + z * (-1.0 / 3628800 + z * (1.0 / 479001600)))))
+    )
     quadrant = k.to(tl.int64) & 3
     odd = (quadrant & 1) == 1
     cos = tl.where(odd, sin_r, cos_r)
@@ -60,10 +62,33 @@ def _cos_sin(m, theta_ptr, consts_ptr, p, pmask, n_pairs):
 
 
 @triton.jit
-def _rotate_heads(x_ptr, o_ptr, sxb, sxs, sxh, sxd, sob, sos, soh, sod,
-                  b, rows, tmask, n_heads, head_dim, n_pairs, cos, sin, p, pmask,
-                  INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, F64: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_TAIL: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    o_ptr,
+    sxb,
+    sxs,
+    sxh,
+    sxd,
+    sob,
+    sos,
+    soh,
+    sod,
+    b,
+    rows,
+    tmask,
+    n_heads,
+    head_dim,
+    n_pairs,
+    cos,
+    sin,
+    p,
+    pmask,
+    INTERLEAVED: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+    F64: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+):
     """Rotate every head of the program's tokens: x (.., heads, head_dim) -> o."""
     rows = rows.to(tl.int64)
     tok_x = (b * sxb + rows * sxs)[:, None, None]
@@ -107,16 +132,54 @@ def _rotate_heads(x_ptr, o_ptr, sxb, sxs, sxh, sxd, sob, sos, soh, sod,
 
 
 @triton.jit
-def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, off_ptr, cu_ptr, theta_ptr, consts_ptr,
-                offset, seqlen, n_heads_q, n_heads_k, head_dim, n_pairs,
-                sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod,
-                skb, sks, skh, skd, skob, skos, skoh, skod,
-                spb, sps,
-                SIGN: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_K: tl.constexpr,
-                EXPLICIT_POSITIONS: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-                VARLEN: tl.constexpr, COPY_TAIL: tl.constexpr, F64: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                BLOCK_P: tl.constexpr, BLOCK_TAIL: tl.constexpr):
+def rope_kernel(
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    pos_ptr,
+    off_ptr,
+    cu_ptr,
+    theta_ptr,
+    consts_ptr,
+    offset,
+    seqlen,
+    n_heads_q,
+    n_heads_k,
+    head_dim,
+    n_pairs,
+    sqb,
+    sqs,
+    sqh,
+    sqd,
+    sqob,
+    sqos,
+    sqoh,
+    sqod,
+    skb,
+    sks,
+    skh,
+    skd,
+    skob,
+    skos,
+    skoh,
+    skod,
+    spb,
+    sps,
+    SIGN: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HAS_K: tl.constexpr,
+    EXPLICIT_POSITIONS: tl.constexpr,
+    OFFSET_TENSOR: tl.constexpr,
+    VARLEN: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+    F64: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+):
     """Grid (cdiv(longest sequence, BLOCK_T), sequences). Tensors are addressed as
     (batch, token, head, feature) with strides; packed varlen tensors have batch stride 0
     and their sequences start at cu_seqlens[b]."""
@@ -140,13 +203,61 @@ def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, off_ptr, cu_ptr, theta_pt
     pmask = p < n_pairs
     cos, sin = _cos_sin(m, theta_ptr, consts_ptr, p, pmask, n_pairs)
     sin = sin * SIGN
-    _rotate_heads(q_ptr, qo_ptr, sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, b, rows, tmask,
-                  n_heads_q, head_dim, n_pairs, cos, sin, p, pmask,
-                  INTERLEAVED, COPY_TAIL, F64, BLOCK_HQ, BLOCK_TAIL)
+    _rotate_heads(
+        q_ptr,
+        qo_ptr,
+        sqb,
+        sqs,
+        sqh,
+        sqd,
+        sqob,
+        sqos,
+        sqoh,
+        sqod,
+        b,
+        rows,
+        tmask,
+        n_heads_q,
+        head_dim,
+        n_pairs,
+        cos,
+        sin,
+        p,
+        pmask,
+        INTERLEAVED,
+        COPY_TAIL,
+        F64,
+        BLOCK_HQ,
+        BLOCK_TAIL,
+    )
     if HAS_K:
-        _rotate_heads(k_ptr, ko_ptr, skb, sks, skh, skd, skob, skos, skoh, skod, b, rows, tmask,
-                      n_heads_k, head_dim, n_pairs, cos, sin, p, pmask,
-                      INTERLEAVED, COPY_TAIL, F64, BLOCK_HK, BLOCK_TAIL)
+        _rotate_heads(
+            k_ptr,
+            ko_ptr,
+            skb,
+            sks,
+            skh,
+            skd,
+            skob,
+            skos,
+            skoh,
+            skod,
+            b,
+            rows,
+            tmask,
+            n_heads_k,
+            head_dim,
+            n_pairs,
+            cos,
+            sin,
+            p,
+            pmask,
+            INTERLEAVED,
+            COPY_TAIL,
+            F64,
+            BLOCK_HK,
+            BLOCK_TAIL,
+        )
 
 
 # Elements of one (tokens x heads x pairs) tile: large enough to keep memory busy,
@@ -158,8 +269,9 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def launch(q, k, q_out, k_out, *, positions, offsets, cu_seqlens, max_seqlen,
-           theta, consts, n_pairs, interleaved, sign):
+def launch(
+    q, k, q_out, k_out, *, positions, offsets, cu_seqlens, max_seqlen, theta, consts, n_pairs, interleaved, sign
+):
     """Run the kernel. q, k, q_out, k_out: 4-D (batch, seq, heads, head_dim) views (packed
     varlen tensors as (1, total, heads, head_dim)); k and k_out may be None. positions:
     None or an integer tensor addressed as (batch, seq) (or (1, total)); offsets: int or
@@ -175,26 +287,41 @@ def launch(q, k, q_out, k_out, *, positions, offsets, cu_seqlens, max_seqlen,
     copy_tail = head_dim > 2 * n_pairs and q_out.data_ptr() != q.data_ptr()
     dummy = theta  # any tensor for unused pointer arguments
     k_, ko_ = (k, k_out) if k is not None else (q, q_out)
-    pos_strides = (0 if varlen else positions.stride(0), positions.stride(1)) \
-        if positions is not None else (0, 0)
+    pos_strides = (0 if varlen else positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     offset_tensor = isinstance(offsets, torch.Tensor)
     grid = (triton.cdiv(max(longest, 1), block_t), sequences)
     rope_kernel[grid](
-        q, k_, q_out, ko_,
+        q,
+        k_,
+        q_out,
+        ko_,
         positions if positions is not None else dummy,
         offsets if offset_tensor else dummy,
         cu_seqlens if varlen else dummy,
-        theta, consts,
-        0 if offset_tensor else int(offsets), seqlen, n_heads_q, n_heads_k, head_dim, n_pairs,
+        theta,
+        consts,
+        0 if offset_tensor else int(offsets),
+        seqlen,
+        n_heads_q,
+        n_heads_k,
+        head_dim,
+        n_pairs,
         *(0 if varlen else q.stride(0), *q.stride()[1:]),
         *(0 if varlen else q_out.stride(0), *q_out.stride()[1:]),
         *(0 if varlen else k_.stride(0), *k_.stride()[1:]),
         *(0 if varlen else ko_.stride(0), *ko_.stride()[1:]),
         *pos_strides,
-        SIGN=sign, INTERLEAVED=interleaved, HAS_K=k is not None,
-        EXPLICIT_POSITIONS=positions is not None, OFFSET_TENSOR=offset_tensor,
-        VARLEN=varlen, COPY_TAIL=copy_tail, F64=q.dtype == torch.float64,
-        BLOCK_T=block_t, BLOCK_HQ=min(block_h, _pow2(n_heads_q)),
+        SIGN=sign,
+        INTERLEAVED=interleaved,
+        HAS_K=k is not None,
+        EXPLICIT_POSITIONS=positions is not None,
+        OFFSET_TENSOR=offset_tensor,
+        VARLEN=varlen,
+        COPY_TAIL=copy_tail,
+        F64=q.dtype == torch.float64,
+        BLOCK_T=block_t,
+        BLOCK_HQ=min(block_h, _pow2(n_heads_q)),
         BLOCK_HK=min(block_h, _pow2(max(n_heads_k, 1))),
-        BLOCK_P=block_p, BLOCK_TAIL=min(_pow2(head_dim - 2 * n_pairs), 128),
+        BLOCK_P=block_p,
+        BLOCK_TAIL=min(_pow2(head_dim - 2 * n_pairs), 128),
     )

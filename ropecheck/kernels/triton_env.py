@@ -30,9 +30,11 @@ def import_triton():
     except ImportError as exc:
         raise ImportError(f"triton is not installed ({INSTALL_HINT}): {exc}") from exc
     if interpreted() and not _follows_environment(triton):
-        raise ImportError("triton was imported before ropecheck could set TRITON_INTERPRET=1, "
-                          "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
-                          "environment to run Triton kernels on CPU")
+        raise ImportError(
+            "triton was imported before ropecheck could set TRITON_INTERPRET=1, "
+            "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
+            "environment to run Triton kernels on CPU"
+        )
     return triton
 
 

@@ -1,0 +1,122 @@
+"""The acceptance corpus: every target ropecheck ships (built-ins and adapters), the
+project's test kernels (tests/*_kernels.py, tests/mutants.py) and the kernels of
+acceptance/kernels/, each with the flags a user gives it. ``run.py`` checks every entry with
+``--profile ci`` (derandomized) and records its verdict per property x dtype x mode;
+``run.py --compare`` says what changed against the committed ``verdicts.json``.
+
+An entry: name -> the ``ropecheck`` arguments after ``check`` (or ``identify``)."""
+
+HALF = ["--layout", "half"]
+QK = ["--call", "qk", "--layout", "half"]
+PACKED = ["--call", "packed", "--layout", "half"]
+F32 = ["--dtype", "float32"]
+F32_BF16 = ["--dtype", "float32", "--dtype", "bfloat16"]
+
+BUILTINS = ["rotate-half", "llama-complex", "matrix", "cached"]
+TRITON = ["triton", "triton-interleaved", "triton-qk", "triton-packed"]
+ADAPTERS = [
+    "hf-llama", "hf-llama-linear", "hf-llama-dynamic", "hf-llama-yarn", "hf-llama-llama3", "hf-llama-qk",
+    "hf-phi3-longrope", "hf-gpt-neox", "hf-gptj", "torchtune-rope", "torchtune-llama3-scaled",
+    "rotary-embedding-torch", "rotary-embedding-torch-positions", "x-transformers", "megatron-core",
+    "megatron-core-packed", "megatron-core-interleaved", "megatron-core-interleaved-packed", "timm",
+    "liger-kernel", "flash-attn-rotary", "flash-attn-rotary-inplace", "flash-attn-rotary-offsets",
+    "flash-attn-rotary-interleaved", "flash-attn-rotary-interleaved-inplace",
+    "flash-attn-rotary-interleaved-offsets", "timm-rope-cat", "timm-rope-mixed",
+    "rotary-embedding-torch-axial", "rotary-embedding-torch-axial-offsets", "hf-qwen2vl-mrope",
+    "hf-qwen2vl-rope-index", "hf-qwen2vl-mrope-qk", "hf-qwen3vl-mrope", "rotary-embedding-torch-xpos",
+    "x-transformers-xpos",
+]
+MUTANTS = [
+    "sign_flipped", "interleaved_pairs", "wrong_base", "off_by_one", "positions_ignored",
+    "first_row_positions", "angles_in_bf16", "positions_in_fp16", "cos_sin_in_fp16", "cache_wraps",
+    "taylor_sincos", "additive_sinusoid", "norm_growing", "quadratic_angle", "constant_map",
+    "decode_path_wrong", "strides_ignored", "mutates_input", "changes_dtype", "nan_at_zero",
+    "wrong_backward", "grad_strided_output", "rope",
+]
+
+CHECKS: dict[str, list] = {}
+for name in BUILTINS:
+    CHECKS[name] = [name]
+for name in TRITON:
+    CHECKS[name] = [name, *F32_BF16]
+for name in ADAPTERS:
+    CHECKS[name] = [name]
+for name in MUTANTS:
+    CHECKS[f"mutant-{name}"] = [f"tests/mutants.py:{name}", *HALF]
+CHECKS.update({
+    # call forms (tests/call_form_kernels.py)
+    "sbhd-correct": ["tests/call_form_kernels.py:sbhd_correct", *HALF],
+    "x-fast-path-bug": ["tests/call_form_kernels.py:x_fast_path_bug", *HALF, *F32],
+    "qk-correct": ["tests/call_form_kernels.py:qk_correct", *QK],
+    "qk-optional-k": ["tests/call_form_kernels.py:qk_optional_k", *QK, *F32],
+    "qk-k-unrotated-mqa": ["tests/call_form_kernels.py:qk_k_unrotated_mqa", *QK, *F32],
+    "qk-k-wrong-head": ["tests/call_form_kernels.py:qk_k_wrong_head", *QK, *F32],
+    "qk-k-row0-positions": ["tests/call_form_kernels.py:qk_k_row0_positions", *QK, *F32],
+    "qk-bad-k-backward": ["tests/call_form_kernels.py:qk_bad_k_backward", *QK, *F32],
+    "packed-correct": ["tests/call_form_kernels.py:packed_correct", *PACKED],
+    "packed-offsets-correct": ["tests/call_form_kernels.py:packed_offsets_correct", *PACKED, *F32],
+    "packed-restart": ["tests/call_form_kernels.py:packed_restart", *PACKED, *F32],
+    "packed-prev-offset": ["tests/call_form_kernels.py:packed_prev_offset", *PACKED, *F32],
+    "packed-empty-skip": ["tests/call_form_kernels.py:packed_empty_skip", *PACKED, *F32],
+    # modes (tests/mode_kernels.py)
+    "mode-correct": ["tests/mode_kernels.py:correct", *HALF, *F32, "--mode", "eager", "--mode", "autocast"],
+    "mode-matmul-angles": ["tests/mode_kernels.py:matmul_angles", *HALF, *F32, "--mode", "eager", "--mode",
+                           "autocast"],
+    "mode-compile-branch": ["tests/mode_kernels.py:compile_branch", *HALF, *F32, "--mode", "eager",
+                            "--mode", "compile", "--property", "reference", "--property", "identity"],
+    # sizes (tests/size_kernels.py)
+    "size-correct": ["tests/size_kernels.py:correct", *HALF, *F32],
+    "size-padded-exponent": ["tests/size_kernels.py:padded_exponent", *HALF, *F32],
+    "size-batch-stride": ["tests/size_kernels.py:batch_stride", *HALF, *F32],
+    "size-padded-exponent-production": ["tests/size_kernels.py:padded_exponent", *HALF, *F32, "--profile",
+                                        "production", "--sizes", "production,head_dims=192,max_seq=256",
+                                        "--property", "reference"],
+    # how targets fail (acceptance/kernels/verdicts.py)
+    "crashes-past-1000": ["acceptance/kernels/verdicts.py:crashes_past_1000", *HALF, *F32],
+    "hangs-on-long-calls": ["acceptance/kernels/verdicts.py:hangs_on_long_calls", *HALF, *F32, "--timeout", "3"],
+    "fixed-table": ["acceptance/kernels/verdicts.py:fixed_table", *HALF, *F32],
+    "fixed-table-declared": ["acceptance/kernels/verdicts.py:fixed_table", *HALF, *F32, "--max-position",
+                             "2097151"],
+    "clamped-table": ["acceptance/kernels/verdicts.py:clamped_table", *HALF, *F32],
+    "view-as-complex": ["acceptance/kernels/verdicts.py:view_as_complex", "--layout", "interleaved", *F32],
+    "view-as-complex-strict": ["acceptance/kernels/verdicts.py:view_as_complex", "--layout", "interleaved", *F32,
+                               "--strict-layouts"],
+    "returns-none": ["acceptance/kernels/verdicts.py:returns_none", *HALF, *F32],
+    "sets-default-dtype": ["acceptance/kernels/verdicts.py:sets_default_dtype", *HALF, *F32],
+    "in-process-correct": ["acceptance/kernels/verdicts.py:fixed_table", *HALF, *F32, "--in-process",
+                           "--max-position", "2097151"],
+    "spec-free-correct": ["tests/mutants.py:rope", *F32],
+    "spec-free-sinusoid": ["tests/mutants.py:additive_sinusoid", *F32],
+    "scaled-linear-undeclared": ["hf-llama-linear", "--layout", "half", "--base", "10000", *F32],
+    # N-D, M-RoPE, xPos, builders (acceptance/kernels/nd.py, builders.py)
+    "axial-interleaved": ["acceptance/kernels/nd.py:axial_interleaved", "--family", "axial", "--axes", "2",
+                          "--layout", "interleaved"],
+    "axial-summed-positions": ["acceptance/kernels/nd.py:axial_summed_positions", "--family", "axial", "--axes",
+                               "2", "--layout", "interleaved", *F32],
+    "nd-summed-positions": ["acceptance/kernels/nd.py:axial_summed_positions", "--family", "nd", "--axes", "2",
+                            *F32],
+    "mrope-toy": ["acceptance/kernels/nd.py:mrope_toy", "--family", "mrope", "--sections", "2,3,3"],
+    "mrope-toy-axes-swapped": ["acceptance/kernels/nd.py:mrope_toy_axes_swapped", "--family", "mrope",
+                               "--sections", "2,3,3", *F32],
+    "mrope-toy-text-only": ["acceptance/kernels/nd.py:mrope_toy_text_only", "--family", "mrope", "--sections",
+                            "2,3,3", *F32],
+    "mrope-qwen2vl": ["acceptance/kernels/nd.py:qwen2vl_mrope", "--family", "mrope", "--sections", "16,24,24",
+                      "--layout", "half", "--base", "1000000", "--dtype", "float32", "--dtype", "bfloat16",
+                      "--dtype", "float16"],
+    "mrope-qwen3vl": ["acceptance/kernels/nd.py:qwen3vl_mrope", "--family", "mrope", "--sections", "24,20,20",
+                      "--mrope-interleaved", "--layout", "half", "--base", "5000000", "--dtype", "float32",
+                      "--dtype", "bfloat16", "--dtype", "float16"],
+    "axial-as-1d": ["llama-complex", "--family", "axial", "--axes", "1", "--layout", "interleaved"],
+    "xpos-correct": ["acceptance/kernels/nd.py:xpos_correct", "--family", "xpos"],
+    "xpos-key-upscaled": ["acceptance/kernels/nd.py:xpos_key_upscaled", "--family", "xpos", *F32],
+    "xpos-scale-in-bf16": ["acceptance/kernels/nd.py:xpos_scale_in_bf16", "--family", "xpos", *F32],
+    "builder-qwen2vl": ["acceptance/kernels/builders.py:qwen2vl_positions", "--family", "mrope-builder"],
+    "builder-qwen2vl-early-text": ["acceptance/kernels/builders.py:qwen2vl_text_resumes_too_early", "--family",
+                                   "mrope-builder"],
+    "builtin-rope-tie-builder": ["ropecheck.reference.multimodal:rope_tie_positions", "--family",
+                                 "rope-tie-builder"],
+})
+
+# `ropecheck identify` verdicts: the flags it prints
+IDENTIFY = ["rotate-half", "llama-complex", "hf-llama-llama3", "hf-llama-yarn", "hf-gpt-neox",
+            "tests/mutants.py:sign_flipped", "tests/mutants.py:additive_sinusoid", "tests/mutants.py:norm_growing"]

@@ -1,0 +1,248 @@
+"""The 1-D RoPE family: ``rope(x, positions)`` with positions (batch, seq), in any call form.
+
+Its record (``ONE_D``): the context a check works with (the target behind its caller,
+the dtype's error model, the declared convention), how inputs are drawn, the fixed inputs
+every run tries, the smoke inputs, and what its parameters declare (the convention);
+and the pieces its checks (``properties.checks``) share: f in float64, the error bound
+per unit of head-vector norm, the VJP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ropecheck.properties.assertions import Tally
+from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.convention import Convention
+from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.fixed_cases import counts_up, critical_cases, huge_case, large_cases, production_cases, within
+from ropecheck.properties.interface import Subject
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput
+from ropecheck.properties.sizes import huge_fits
+from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
+from ropecheck.reference.rope import DEFAULT_BASE
+from ropecheck.reference.scaling import Scaling
+
+
+@dataclass
+class Context(FamilyContext):
+    """The 1-D family's context: the declared convention, its amplitude and position range."""
+
+    @property
+    def max_position(self) -> int:
+        """The largest position drawn: 2^24, or less where the target declares less."""
+        return min(MAX_POSITION, self.target.max_position or MAX_POSITION)
+
+    def limit(self, head_dim: int) -> int:
+        """The largest position any call on this head size may use, shifts and steps
+        included: the declared range, and the memory budget of a target that tabulates
+        cos/sin up to the largest position it sees (``strategies.max_position_for``)."""
+        return min(self.max_position, max_position_for(head_dim))
+
+    def extra_ops(self) -> int:
+        return 0 if self.amplitude == 1.0 else 1  # the amplitude's product
+
+    @property
+    def convention(self):
+        return self.target.convention
+
+    @property
+    def amplitude(self) -> float:
+        """A declared attention factor A (f = A R_m x on the rotated block), else 1."""
+        return 1.0 if self.convention is None else self.convention.amplitude
+
+    def unscale(self, y64: np.ndarray) -> np.ndarray:
+        """An output in float64 with the declared amplitude divided out: every check then
+        reads the rotation R_m x itself."""
+        return y64 if self.convention is None else self.convention.unscale(y64)
+
+
+def _one_d_cases(prop, ctx: Context):
+    options = dict(prop.case_options)
+    options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
+    return cases(
+        ctx.dtype,
+        ctx.target.rotary_dim,
+        call=ctx.target.call,
+        sizes=ctx.sizes,
+        k_optional=ctx.target.k_optional,
+        row_offsets=ctx.target.row_offsets,
+        **options,
+    )
+
+
+def _example_fits(prop, case) -> bool:
+    options = prop.case_options
+    return (
+        case.batch >= options.get("min_batch", 1)
+        and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
+        and case.memory in options.get("memory", (case.memory,))
+    )
+
+
+def _fixed_inputs(prop, ctx: Context) -> list:
+    """The fixed inputs: the critical cases, and the large ones for a property that
+    promises to try them; in the target's call form, within its position range."""
+    call, r = ctx.target.call, ctx.target.rotary_dim
+    fixed = critical_cases(ctx.dtype, r, call)
+    if prop.large:
+        fixed += large_cases(ctx.dtype, r, call)[: prop.large]
+        fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
+    if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
+        fixed.append(huge_case(ctx.dtype, r, call))
+    out = []
+    for case in fixed:
+        if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
+            continue
+        p = case.positions_array()
+        if prop.case_options.get("positions", True) is False:
+            case = case.with_positions(np.zeros_like(p))
+            if call == "packed":  # sequences of one token each
+                case = replace(case, lengths=(1,) * case.seq)
+        elif p.max() > ctx.max_position:
+            case = within(case, ctx.max_position, ctx.target.row_offsets)
+        out.append((case, prop.example_extras(ctx, case)))
+    return out
+
+
+def _same_theta(prop, target: Subject) -> tuple[bool, str]:
+    if prop.same_theta_across_calls and target.convention is not None and target.convention.dynamic:
+        return False, ("not promised: the declared dynamic scaling takes theta from each call's largest position")
+    return True, ""
+
+
+SMOKE_SHAPES = ((1, 4, 2), (2, 3, 3), (1, 1, 1))  # (batch, seq, heads)
+SMOKE_HEAD_DIMS = (8, 64, 128)
+
+
+def _smoke_inputs(target: Subject, dtype: str):
+    head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
+    for head_dim in head_dims:
+        for batch, seq, heads in SMOKE_SHAPES:
+            x = torch.randn(batch, seq, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(
+                torch_dtype(dtype)
+            )
+            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
+            yield SmokeInput(
+                f"x {tuple(x.shape)}",
+                f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "
+                f"positions 0 .. {seq - 1} in every row",
+                lambda rope, x=x, positions=positions: rope(x, positions),
+            )
+
+
+def _declare(parameters: dict, own) -> Declaration:
+    """The convention the parameters declare: ``layout`` makes one (with ``base``,
+    ``rotary_dim`` and ``scaling``); without it the target's own convention stands, its
+    base, rotary dim and scaling overridden by those given; a scaling needs a convention."""
+    layout, base, rotary_dim, scaling = (parameters.get(k) for k in ("layout", "base", "rotary_dim", "scaling"))
+    if isinstance(base, (list, tuple)):
+        raise FamilyError("1-D RoPE takes one --base (one per axis is --family axial's --nd-base)")
+    try:
+        if layout is not None:
+            conv = Convention(layout, DEFAULT_BASE if base is None else base, rotary_dim, scaling or Scaling())
+        elif own is not None:
+            conv = Convention(own.layout, base or own.base, rotary_dim or own.rotary_dim, scaling or own.scaling)
+        elif scaling is not None:
+            raise FamilyError("--scaling needs a declared convention: give --layout too")
+        else:
+            conv = None
+    except FamilyError:
+        raise
+    except ValueError as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conv, rotary_dim=rotary_dim or (conv.rotary_dim if conv else None))
+
+
+# 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
+ONE_D = Family(
+    "rope",
+    Context,
+    _one_d_cases,
+    _fixed_inputs,
+    _same_theta,
+    _smoke_inputs,
+    declare=_declare,
+    range_probe=True,
+    description="rope(x, positions) -> y, positions int64 (batch, seq) (1-D RoPE)",
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An exotic input (no model produces it): the target may refuse it, but a value it
+    returns must be right. ``what`` names it in a support note."""
+
+    case: Case
+    check: Callable  # check(ctx, case) -> float
+    what: str
+
+
+# --- shared pieces -----------------------------------------------------------------
+
+
+def vector_norms(v: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(v, axis=-1)
+
+
+def eps(ctx: Context, positions: np.ndarray) -> np.ndarray:
+    """Allowed error of f(., positions) per unit of head-vector norm, shape (b, s, 1)."""
+    return ctx.model.vector_unit_bound(positions)
+
+
+def ops(ctx: Context) -> float:
+    """Allowed error per unit norm from arithmetic alone (angle errors cancel)."""
+    return float(ctx.model.norm_bound(1.0))
+
+
+def f64(ctx: Context, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    """f(x, m) in float64, the declared amplitude divided out."""
+    return ctx.unscale(as_float64(ctx.rope(x, torch.from_numpy(np.ascontiguousarray(positions)))))
+
+
+def vjp_of(ctx: Context, x: torch.Tensor, positions: np.ndarray, g: torch.Tensor) -> torch.Tensor:
+    """The target's own VJP at (x, m) applied to g (a tensor: it is fed back to f)."""
+    return ctx.rope.vjp(x, torch.from_numpy(np.ascontiguousarray(positions)), g)
+
+
+def shift_range(ctx: Context, case: Case) -> tuple[int, int]:
+    """Shifts c that keep every position in 0 .. the case's limit."""
+    positions = case.positions_array()
+    return -int(positions.min()), ctx.limit(case.head_dim) - int(positions.max())
+
+
+def where_pairs(ctx: Context, head_dim: int) -> str:
+    c = ctx.convention
+    out = f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
+    if c.scaling.rope_type != "default":
+        out += f", {c.scaling.rope_type} scaling"
+    return out
+
+
+# Elements the float64 reference is computed on at a time: a chunk's float64 arrays (x,
+# the reference, the bound, the output and numpy's temporaries, about a dozen of 32 MiB)
+# stay near 400 MiB whatever the input's size.
+REFERENCE_CHUNK = 2**22
+
+
+def against_reference(
+    ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *, what: str, inverse: bool = False
+) -> float:
+    """y (the target's output, or its VJP, as it returned it) against the float64 reference
+    R_m x (``inverse``: R_m^T x), a chunk of the sequence at a time: only y and x are held
+    whole, in their dtype. A dynamic scaling's theta comes from the whole call."""
+    batch, seq, heads, head_dim = x.shape
+    step = max(1, REFERENCE_CHUNK // max(batch * heads * head_dim, 1))
+    seq_len = ctx.convention.seq_len(p)
+    tally = Tally()
+    for start in range(0, max(seq, 1), step):
+        part = slice(start, start + step)
+        x64, at = as_float64(x[:, part]), p[:, part]
+        expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
+        bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
+        tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
+    return tally.verdict(what=what, positions=p)

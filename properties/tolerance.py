@@ -1,0 +1,157 @@
+"""The tolerance model: how far from exact a correct RoPE kernel may be.
+
+Errors are measured against the float64 reference, per rotated pair, in units of the
+pair's magnitude rho = |(a, b)| (a rotation moves a pair along a circle of radius rho, so
+every error of a correct kernel scales with rho). A correct kernel may differ from exact
+by two independent effects:
+
+1. Arithmetic, ``K_OPS * u`` per unit of rho, where u = max(u_out, u_fp32) is the unit
+   roundoff of the compute dtype (the output dtype, but never finer than float32: a
+   float64 kernel may still take cos/sin in float32). Derivation for
+   y = a*c - b*s with c, s computed then rounded to the compute dtype (the HF way):
+   cos and sin may each be off by 2 ulp (<= 4u relative; SLEEF u10 and glibc give 1 ulp),
+   each product and the sum round once (u each):
+       |dy| <= (|a||c| + |b||s|) (4u + u) + u |y| <= 5u rho + u rho = 6u rho,
+   using |a||c| + |b||s| <= rho (Cauchy-Schwarz, c^2 + s^2 = 1). Hence K_OPS = 6.
+
+2. The angle m * theta_i formed in float32 (what every library does). A wrong angle by
+   dphi moves the pair by at most rho * |dphi|. Float32 sources, u32 = 2^-24:
+     - theta_i = base^(-e_i), e_i = 2i/r: rounding e_i and ln(base) perturbs the exponent
+       by 2 e_i ln(base) u32 relative;  pow/exp itself 2 ulp (4 u32);  the reciprocal u32;
+     - the product m * theta_i rounds once: u32 (positions <= 2^24 are exact in float32).
+   So |dphi_i| <= u32 |m| theta_i (2 e_i ln(base) + 6)  (ANGLE_CONST = 6).
+   A position scaling (reference.scaling) spends a few more float32 operations on
+   theta_i (a division by the factor, YaRN's ramp mix, ...): each adds one rounding, so
+   the constant grows by the scaling's ``theta_ops``.
+   Without a declared convention theta_i and e_i are unknown; since
+   theta (2 e ln b + 6) = e^-t (2t + 6) <= 6 for t = e ln b >= 0, the generic bound is
+   |dphi| <= 6 u32 |m|.
+
+The full bound per element is rho * (K_OPS u + dphi_i) + K_OPS * subnormal_spacing (the
+absolute floor for results that underflow). Errors are reported normalised by this bound:
+a value <= 1 passes. The *strict* bound drops the angle term; the accuracy horizon is the
+largest position at which a target still meets it.
+
+Buggy kernels land far outside: angles or positions in bf16/fp16 err by ~2^-9 |m theta|
+or more (2^15 times the float32 allowance); cos/sin stored in fp16 for fp32 input err by
+~2^-11 rho at every position (300 x K_OPS u32); caches that wrap err by O(rho) on the
+low-frequency pairs whose float32 allowance stays tiny even at large m.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
+
+U32 = UNIT_ROUNDOFF["float32"]
+K_OPS = 6.0
+ANGLE_CONST = 6.0
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """Error bounds for a target producing ``dtype`` outputs."""
+
+    dtype: str
+    extra_ops: int = 0  # roundings beyond the K_OPS derivation (an attention factor: 1)
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical(self.dtype))
+
+    @property
+    def ops(self) -> float:
+        return K_OPS + self.extra_ops
+
+    @property
+    def unit(self) -> float:
+        """Unit roundoff of the compute dtype: the output dtype, never finer than float32."""
+        return max(UNIT_ROUNDOFF[self.dtype], U32)
+
+    @property
+    def output_unit(self) -> float:
+        return UNIT_ROUNDOFF[self.dtype]
+
+    @property
+    def floor(self) -> float:
+        """Absolute error allowed for results that underflow into subnormals."""
+        return self.ops * SUBNORMAL_SPACING[self.dtype]
+
+    # --- angle error of a float32 angle computation -------------------------------
+    @staticmethod
+    def angle_error(positions, theta=None, e_ln_base=None, theta_ops: int = 0, gain=1.0) -> np.ndarray:
+        """Allowed |dphi|: per frequency, shape (*positions.shape, r/2), when the
+        frequencies theta are known; generic, shape positions.shape, otherwise.
+        ``e_ln_base`` is e_i ln(base) (default -ln(theta_i), exact without scaling).
+        ``gain`` (per frequency) is how a scaling amplifies a relative error of the unscaled
+        theta_i (``Scaling.theta_gain``: Llama 3's band mixes theta with a weight that is
+        itself linear in theta); its own weight's roundings add 4 (gain - 1)."""
+        m = np.abs(np.asarray(positions, dtype=np.float64))
+        if theta is None:
+            return ANGLE_CONST * U32 * m
+        theta = np.asarray(theta, dtype=np.float64)
+        if e_ln_base is None:  # theta_i = base^(-e_i)  =>  e_i ln(base) = -ln(theta_i)
+            e_ln_base = -np.log(theta)
+        gain = np.asarray(gain, dtype=np.float64)
+        per_freq = theta * (gain * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST) + 4.0 * (gain - 1.0) + theta_ops)
+        return U32 * m[..., None] * per_freq
+
+    @classmethod
+    def declared_angle_error(cls, positions, convention, head_dim: int, seq_len=None) -> np.ndarray:
+        """angle_error for the frequencies a Convention declares at this head size (its
+        scaling's extra operations and gain included): shape (*positions.shape, r/2).
+        ``seq_len``: the whole call's, when ``positions`` are a chunk of it."""
+        scaling = convention.scaling
+        return cls.angle_error(
+            positions,
+            convention.theta(head_dim, positions, seq_len),
+            convention.exponent_log_base(head_dim),
+            scaling.theta_ops,
+            scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base),
+        )
+
+    # --- bounds ------------------------------------------------------------------
+    def relative_bound(self, angle_error, strict: bool = False):
+        """Allowed error per unit of rho: K_OPS u (+ dphi unless strict)."""
+        ops = self.ops * self.unit
+        return ops + (0.0 if strict else angle_error)
+
+    def pair_bound(self, pair_norms, angle_error, strict: bool = False) -> np.ndarray:
+        """Allowed absolute error of each element of a rotated pair."""
+        return pair_norms * self.relative_bound(angle_error, strict) + self.floor
+
+    def vector_unit_bound(self, positions) -> np.ndarray:
+        """Allowed error of a whole head vector per unit of its norm, shape
+        (*positions.shape, 1), without knowing the pairing: each pair's error vector is at
+        most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi)."""
+        return math.sqrt(2.0) * self.relative_bound(self.angle_error(positions))[..., None]
+
+    def vector_bound(self, vector_norms, positions) -> np.ndarray:
+        """Allowed Euclidean norm of the error of head vectors (batch, seq, heads)."""
+        return vector_norms * self.vector_unit_bound(positions) + self.floor
+
+    def norm_bound(self, vector_norms) -> np.ndarray:
+        """Allowed change of a head vector's norm: rotations by a wrong angle keep norms,
+        so only the arithmetic term counts."""
+        return math.sqrt(2.0) * vector_norms * self.ops * self.unit + self.floor
+
+    def element_bound(self, x64, positions, convention, strict: bool = False, seq_len=None) -> np.ndarray:
+        """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
+        declared convention: the pair bound with the per-frequency angle allowance on
+        rotated features; one output rounding on pass-through features. ``seq_len``: the
+        whole call's, when x64 and positions are a chunk of it."""
+        from ropecheck.reference import pair_indices
+
+        x64 = np.asarray(x64, dtype=np.float64)
+        head_dim = x64.shape[-1]
+        i, j = pair_indices(convention.rotary_dim_for(head_dim), convention.layout)
+        rho = np.hypot(x64[..., i], x64[..., j])
+        dphi = self.declared_angle_error(positions, convention, head_dim, seq_len)[:, :, None, :]
+        pair = self.pair_bound(rho, dphi, strict)
+        bound = np.abs(x64) * self.output_unit + self.floor
+        bound[..., i] = pair
+        bound[..., j] = pair
+        return bound

@@ -1,0 +1,146 @@
+"""Calling a target under the contract, from ropecheck's side.
+
+A :class:`Caller` hands each call, as a ``Request``, to the target's executor (its worker
+process, or this process: ``ropecheck.calling.execution`` runs the call the same way in
+both) and checks what comes back: a tensor, x's shape, dtype and device, finite for finite
+input, inputs untouched. Any breach is a ``CallError`` (a finding about the target); a call
+that does not return in time is ``TargetHung`` (both ``ropecheck.properties.interface``).
+It is the ``Rope`` the checks call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+from ropecheck.calling.execution import Outcome, Request
+from ropecheck.calling.forms import Form, mismatch
+from ropecheck.properties.interface import CallError
+
+DEFAULT_TIMEOUT = 20.0
+
+
+class Executor(Protocol):
+    """Where a target's calls run: this process (``in_process.InProcess``) or its worker
+    process (``worker.Worker``). ``state_changes``: the process-wide state the target
+    changed in any call so far (each restored)."""
+
+    state_changes: list
+
+    def run(self, request: Request) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+class PlainCaller:
+    """Calls a target that takes no tensors (a position builder) in its executor, within
+    the time limit: its result as it came, or CallError when it raised, exited or crashed
+    its process."""
+
+    def __init__(self, executor: Executor, timeout: Optional[float] = DEFAULT_TIMEOUT):
+        self.executor, self.timeout = executor, timeout
+        self.case = None
+        self.state_changes = executor.state_changes
+
+    def __call__(self, *args, case=None):
+        outcome = self.executor.run(Request("plain", args, timeout=self.timeout))
+        if outcome.error is not None:
+            raise CallError(*outcome.error)
+        return outcome.outputs
+
+    def vjp(self, *args):
+        raise CallError("backward", "a target that takes no tensors has no backward")
+
+
+# --- the contract ------------------------------------------------------------------------
+
+
+def validate(y, x: torch.Tensor) -> None:
+    """y has x's shape, dtype and device and is finite (x is finite)."""
+    problem = mismatch(y, x)
+    if problem:
+        raise CallError(*problem)
+    if not bool(torch.isfinite(y).all()):
+        bad = torch.nonzero(~torch.isfinite(y))[0].tolist()
+        raise CallError(
+            "non-finite", f"non-finite output {y[tuple(bad)].item()} at index {tuple(bad)} for finite input"
+        )
+
+
+def raise_violations(outcome: Outcome) -> None:
+    for kind, message in outcome.violations:
+        raise CallError(kind, message)
+
+
+class Caller:
+    """Calls ``target(x, positions)`` under the contract, in the target's call form
+    (``ropecheck.call_forms``). Every check goes through it. ``case`` is the input being
+    checked: its q/k split and sequence lengths shape the calls made on its tensors."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        call: str = "x",
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
+        inplace: bool = False,
+        device: str = "cpu",
+        mode: str = "eager",
+    ):
+        self.executor = executor
+        self.call = call  # its call form
+        self.timeout = timeout
+        self.inplace = inplace  # it declares writing its output into x
+        self.device = device  # where the inputs are made (--device)
+        self.mode = mode  # how the target is run (--mode)
+        self.case = None
+
+    def form(self, x: torch.Tensor, case=None) -> Optional[Form]:
+        """How a call on x goes to the target: the case's split where x is the case's
+        whole input, else the form's default (``Form``)."""
+        if self.call == "x":
+            return None
+        case = case or self.case
+        whole = case is not None and getattr(case, "call", "x") == self.call
+        if self.call == "qk":
+            fits = whole and case.heads + case.k_heads == x.shape[2]
+            return Form("qk", case.heads if fits else None, separate=bool(whole and case.separate))
+        fits = whole and x.shape[0] == 1 and sum(case.lengths) == x.shape[1]
+        return Form("packed", lengths=case.lengths if fits else ())
+
+    @property
+    def state_changes(self) -> list:
+        """Process-wide state the target changed in any call so far (each restored)."""
+        return self.executor.state_changes
+
+    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
+        request = Request(
+            op, args, positions, grads, self.inplace, self.form(args[0], case), self.device, self.mode, self.timeout
+        )
+        outcome = self.executor.run(request)
+        if outcome.error is not None:
+            raise CallError(*outcome.error)
+        return outcome
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None) -> torch.Tensor:
+        """y = f(x, positions); the target works on copies, checked afterwards."""
+        outcome = self.outcome("call", (x,), positions, case=case)
+        if not isinstance(outcome.outputs, torch.Tensor):
+            raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
+        validate(outcome.outputs, x)
+        raise_violations(outcome)
+        return outcome.outputs
+
+    def vjp(self, x: torch.Tensor, positions: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """The vector-Jacobian product g^T df/dx at x, through the target's autograd; the
+        incoming gradient stays the caller's (a backward writing into it is a finding)."""
+        outcome = self.outcome("vjp", (x,), positions, (grad,))
+        if outcome.outputs is None:
+            raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
+        y, g = outcome.outputs
+        validate(y, x)
+        if g is None:
+            raise CallError("backward", "backward returned no gradient for x")
+        validate(g, x)
+        raise_violations(outcome)
+        return g

@@ -1,0 +1,354 @@
+"""One call of a target, in the process that runs it (ropecheck's worker, or ropecheck
+itself with ``--in-process``), recorded as an :class:`Outcome` that can cross a process
+boundary.
+
+What happens around the call is the same in both places:
+- the target gets private copies of its tensor arguments, with their strides and storage
+  offsets (a view stays a view), and of the positions, made on the call's device
+  (``ropecheck.devices``); afterwards the copies are compared with the originals (an input
+  written in place is a contract finding), and only values come back to the host;
+- process-wide torch state (default dtype, grad mode, default device, random generator)
+  is snapshotted before and restored after; a change is recorded, never left in place;
+- an exception (``SystemExit`` included) becomes the outcome's error: the target's
+  failure, not ropecheck's;
+- tensors the target returned earlier are watched: one that changes during a later call
+  is a view of the target's internal buffer;
+- for a vector-Jacobian product, the incoming gradient is a private copy too, and a
+  backward that writes into it is a finding of its own.
+Nothing here judges values against a reference: that is the parent's job.
+"""
+
+from __future__ import annotations
+
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from ropecheck.calling import modes
+from ropecheck.calling.devices import Placement, to_host
+from ropecheck.calling.forms import Form, ReturnedWrong
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call of a target, as a caller asks for it and an executor runs it (in this
+    process, or sent to the worker as it is).
+
+    ``op``: "call" (y = f(*args, positions)), "vjp" (y and the gradient of x for ``grads``)
+    or "plain" (f(*args) for a target that takes no tensors); ``form`` the target's call
+    form (None: x); ``inplace`` whether it declares writing its output into x; ``device``
+    where its tensor inputs are made; ``mode`` how it is run (``ropecheck.calling.modes``);
+    ``timeout`` the seconds the call may take (the executor enforces it)."""
+
+    op: str
+    args: tuple
+    positions: Any = None
+    grads: Optional[tuple] = None
+    inplace: bool = False
+    form: Optional[Form] = None
+    device: str = "cpu"
+    mode: str = "eager"
+    timeout: Optional[float] = None
+
+
+@dataclass
+class Outcome:
+    """What one call did. ``outputs``: a Tensor, a tuple of Tensors (or None), or None with
+    ``returned`` naming what came back instead; ``error``: (kind, message) when the call
+    raised or could not run; ``violations``: (kind, message) contract breaches noticed
+    around an otherwise finished call; ``state_changes``: process-wide state the target
+    changed (already restored)."""
+
+    outputs: Any = None
+    returned: str = ""
+    error: Optional[tuple] = None
+    violations: list = field(default_factory=list)
+    state_changes: list = field(default_factory=list)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """'Type: message (at file:line)', the line being the innermost frame of the traceback."""
+    return f"{type(exc).__name__}: {exc}{_where(exc)}"
+
+
+def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:
+    """Equal values, a NaN where there was a NaN (an output may hold NaN: non-finite
+    input, or a wrong kernel; it has not changed for that)."""
+    if torch.equal(now, then):
+        return True
+    return (now.is_floating_point() or now.is_complex()) and bool(
+        torch.isclose(now, then, rtol=0, atol=0, equal_nan=True).all()
+    )
+
+
+def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
+    changed = torch.nonzero(before != after)
+    if len(changed) == 0:  # equal values, unequal bits (NaN, -0.0): name no index
+        return "its bits changed"
+    return f"{len(changed)} elements changed, first at {tuple(changed[0].tolist())}"
+
+
+# --- process-wide state ---------------------------------------------------------------
+
+
+def _default_device() -> str:
+    getter = getattr(torch, "get_default_device", None)
+    return str(getter()) if getter else "cpu"
+
+
+_STATE: dict[str, tuple[Callable, Callable, str]] = {
+    # name: (read, restore, how a target changes it)
+    "default dtype": (torch.get_default_dtype, torch.set_default_dtype, "torch.set_default_dtype"),
+    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled, "torch.set_grad_enabled"),
+    "default device": (
+        _default_device,
+        lambda d: torch.set_default_device(None if d == "cpu" else d),
+        "torch.set_default_device",
+    ),
+    "random generator state": (
+        torch.random.get_rng_state,
+        torch.random.set_rng_state,
+        "drawing random numbers or seeding torch's generator",
+    ),
+}
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@contextmanager
+def state_guard(changes: list):
+    """Snapshot process-wide torch state; afterwards restore it and append a message to
+    ``changes`` for each part the body left changed."""
+    before = {name: read() for name, (read, _, _) in _STATE.items()}
+    try:
+        yield
+    finally:
+        for name, (read, restore, how) in _STATE.items():
+            now = read()
+            if not _same(now, before[name]):
+                restore(before[name])
+                shown = "" if isinstance(now, torch.Tensor) else f" from {before[name]} to {now}"
+                changes.append(
+                    f"the target changed torch's {name}{shown} ({how}) and left it "
+                    "so; ropecheck restored it after the call"
+                )
+
+
+# --- the call -------------------------------------------------------------------------
+
+
+class _Watch:
+    """The tensors returned by the previous call and a snapshot of them."""
+
+    def __init__(self):
+        self.returned: tuple = ()
+        self.snapshot: tuple = ()
+
+    def changed(self) -> Optional[str]:
+        for now, then in zip(self.returned, self.snapshot):
+            if not _unchanged(now, then):
+                return _first_change(then, now)
+        return None
+
+    def keep(self, outputs):
+        tensors = tuple(
+            t for t in (outputs if isinstance(outputs, tuple) else (outputs,)) if isinstance(t, torch.Tensor)
+        )
+        self.returned, self.snapshot = tensors, tuple(t.clone() for t in tensors)
+
+
+def _normalise(out) -> tuple[Any, str]:
+    """(outputs, what came back): a Tensor, or a tuple/list of Tensors (None allowed
+    inside), detached; anything else is not sent on (None) and only described."""
+    if isinstance(out, torch.Tensor):
+        return out.detach(), "a Tensor"
+    if isinstance(out, (tuple, list)):
+        kinds = ", ".join(dict.fromkeys(type(o).__name__ for o in out))
+        what = f"a {type(out).__name__} of {len(out)} ({kinds})"
+        if all(o is None or isinstance(o, torch.Tensor) for o in out):
+            return tuple(None if o is None else o.detach() for o in out), what
+        return None, what
+    return None, type(out).__name__
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _raised(exc: BaseException) -> tuple:
+    if isinstance(exc, SystemExit):
+        return ("exited", f"the target called sys.exit({exc.code!r}){_where(exc)}")
+    return ("raised", f"the target raised {describe_exception(exc)}")
+
+
+def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
+    """(canonical y, what the target returned): fn called on the canonical x (``args``:
+    (x,)) in its call form (``ropecheck.calling.forms``)."""
+    (x,) = args
+    if form is None or form.call == "x":
+        out = fn(x, positions)
+        if isinstance(out, torch.Tensor) and out.device != x.device:
+            raise ReturnedWrong("device", f"output on {out.device}, input on {x.device}")
+        return out, out
+    return form.invoke(fn, x, positions)
+
+
+class Execution:
+    """Runs calls of ``fn`` (any callable taking tensors then positions) in this process."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.watch = _Watch()
+        self.in_modes: dict = {}  # mode -> fn run in it (ropecheck.modes), made once
+
+    def in_mode(self, mode: str) -> Callable:
+        if mode not in self.in_modes:
+            self.in_modes[mode] = modes.wrap(self.fn, mode)
+        return self.in_modes[mode]
+
+    def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output):
+        if not torch.equal(to_host(pos), positions):
+            outcome.violations.append(("mutated", "the target modified its positions argument"))
+        (original,), (copy,) = originals, copies
+        if inplace:
+            if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
+                outcome.violations.append(("inplace", "declared in-place, but the input does not hold the output"))
+        elif not torch.equal(copy := to_host(copy), original):
+            outcome.violations.append(
+                ("mutated", f"the target modified its input x in place ({_first_change(original, copy)})")
+            )
+
+    def call(
+        self,
+        args: tuple,
+        positions: torch.Tensor,
+        inplace: bool = False,
+        form: Optional[Form] = None,
+        device: str = "cpu",
+        mode: str = "eager",
+    ) -> Outcome:
+        """y = fn(*args, positions) on private copies made on ``device``, in the target's
+        call form, run in ``mode``."""
+        outcome = Outcome()
+        place = Placement(device)
+        copies = tuple(place(a) for a in args)
+        pos = place(positions)
+        with state_guard(outcome.state_changes):
+            try:
+                out, returned = _invoke(self.in_mode(mode), copies, pos, form)
+            except ReturnedWrong as wrong:
+                outcome.error = (wrong.kind, str(wrong))
+                return outcome
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+        aliased = self.watch.changed()
+        if aliased:
+            outcome.violations.append(
+                (
+                    "aliased",
+                    f"a tensor returned by the previous call changed "
+                    f"during this call ({aliased}): it is a view of "
+                    "the target's internal buffer",
+                )
+            )
+        outcome.outputs, outcome.returned = _normalise(out)
+        # the tensors the target returned (its own, for a call form that assembles y)
+        self.watch.keep(outcome.outputs if returned is out else _normalise(returned)[0])
+        self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
+        outcome.outputs = to_host(outcome.outputs)
+        return outcome
+
+    def run(self, request: Request) -> Outcome:
+        """One call (the time limit is the executor's): :meth:`call`, :meth:`vjp` or
+        :meth:`plain` as ``request.op`` says."""
+        r = request
+        if r.op == "vjp":
+            return self.vjp(r.args, r.positions, r.grads or (), r.inplace, r.form, r.device, r.mode)
+        if r.op == "plain":
+            return self.plain(r.args)
+        return self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
+
+    def plain(self, args: tuple) -> Outcome:
+        """fn(*args) for a target that takes no tensors (a position builder): its result as
+        it came (a tensor detached), for the caller to judge."""
+        outcome = Outcome()
+        with state_guard(outcome.state_changes):
+            try:
+                out = self.fn(*args)
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+        outcome.outputs = out.detach() if isinstance(out, torch.Tensor) else out
+        outcome.returned = type(out).__name__
+        return outcome
+
+    def vjp(
+        self,
+        args: tuple,
+        positions: torch.Tensor,
+        grads: tuple,
+        inplace: bool = False,
+        form: Optional[Form] = None,
+        device: str = "cpu",
+        mode: str = "eager",
+    ) -> Outcome:
+        """(y, g): y = fn(x, positions) in the target's call form (``args``: (x,)), and
+        g = (dy/dx)^T grad through the target's autograd (None where y does not depend on
+        x; ``grads``: (grad,)). The incoming gradient is a private copy laid out as the
+        caller's (a broadcast, stride-0 gradient stays one)."""
+        (x,), (grad,) = args, grads
+        outcome = Outcome()
+        place = Placement(device)
+        leaf = place(x.detach()).requires_grad_(True)
+        arg = leaf.clone() if inplace else leaf
+        private = place(grad)
+        with state_guard(outcome.state_changes):
+            torch.set_grad_enabled(True)
+            try:
+                y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form)
+            except ReturnedWrong as wrong:
+                outcome.error = (wrong.kind, str(wrong))
+                return outcome
+            except (Exception, SystemExit) as exc:
+                outcome.error = _raised(exc)
+                return outcome
+            grad_mode_left_off = not torch.is_grad_enabled()
+            torch.set_grad_enabled(True)
+            y_out, outcome.returned = _normalise(y)
+            if not isinstance(y, torch.Tensor):
+                return outcome  # outputs None: the caller names what came back
+            if not y.requires_grad:
+                why = (
+                    "the target switched grad mode off (torch.set_grad_enabled(False)) and "
+                    "left it off, so its output does not require grad"
+                    if grad_mode_left_off
+                    else "the output does not require grad: autograd does not flow "
+                    "through the target (declare --no-backward)"
+                )
+                outcome.error = ("backward", why)
+                return outcome
+            try:
+                (g,) = torch.autograd.grad(
+                    y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private, allow_unused=True
+                )
+            except (Exception, SystemExit) as exc:
+                outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
+                return outcome
+        if not torch.equal(private := to_host(private), grad):
+            outcome.violations.append(
+                (
+                    "grad-output",
+                    f"backward wrote into grad_output "
+                    f"({_first_change(grad, private)}): the "
+                    "incoming gradient belongs to the caller",
+                )
+            )
+        outcome.outputs = to_host((y_out, None if g is None else g.detach()))
+        return outcome

@@ -1,0 +1,172 @@
+"""Call forms: how one canonical call ``f(x, positions)`` becomes a call of the target in
+the form its library really has, and how its outputs become the canonical ``y``.
+
+Every property speaks the canonical form: x (batch, seq, heads, head_dim), positions
+int64 (batch, seq), y like x. A target declares one of
+- ``x``: ``rope(x, positions) -> y`` (the canonical form itself);
+- ``qk``: ``rope(q, k, positions) -> (q_out, k_out)``: x's heads [0, q_heads) are q, the
+  others k (GQA / MQA: k_heads divides q_heads), both rotated at the same positions; with
+  no k heads the target gets ``k=None`` (declared ``k_optional``) and y is q_out. q and k
+  are views of x's storage (slices of one fused projection) or, ``separate``, tensors of
+  their own with the same strides; what a target writes into them is written back into
+  x, so the contract sees an input modified in place as it is;
+- ``packed``: ``rope(x, cu_seqlens, positions) -> y`` on x (total, heads, head_dim) (thd),
+  cu_seqlens int32 (n + 1,) with empty sequences allowed, positions int64 (total,), each
+  token's absolute position ((total, n_axes) for the N-D families: each token's own). The
+  canonical x is (1, total, heads, head_dim). A call on some tokens of a packed batch (a
+  prefill, one decode token) is itself a packed batch: without the case's sequence
+  lengths, a sequence ends where positions stop counting up (N-D: each row is one).
+
+A :class:`Form` travels with each call to the process that runs the target
+(``ropecheck.calling.execution``); nothing here judges values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ropecheck.calling.devices import strided_copy
+from ropecheck.properties.interface import segment_lengths
+
+
+class ReturnedWrong(Exception):
+    """The target's outputs do not fit its call form (a contract finding of ``kind``)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def cu_seqlens(lengths) -> torch.Tensor:
+    return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class Form:
+    """One canonical call in the target's form: ``call``, and for ``qk`` where q ends and
+    how q and k are stored, for ``packed`` the sequence lengths (empty ones included)."""
+
+    call: str = "x"
+    q_heads: Optional[int] = None  # qk: heads [0, q_heads) of x are q (None: all but the last)
+    separate: bool = False  # qk: q and k in storages of their own
+    lengths: tuple = ()  # packed: sequence lengths; () = found from the positions
+
+    def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
+        """(canonical y, the tensors the target returned) for fn called on x in this form."""
+        if self.call == "qk":
+            return self._qk(fn, x, positions)
+        if self.call == "packed":
+            return self._packed(fn, x, positions)
+        out = fn(x, positions)
+        return out, out
+
+    # --- qk -----------------------------------------------------------------------------
+    def split(self, heads: int) -> int:
+        """q's head count for x with ``heads`` heads: the case's, else all but the last."""
+        if self.q_heads is not None and self.q_heads <= heads:
+            return self.q_heads
+        return max(heads - 1, 1)
+
+    def _qk(self, fn, x, positions):
+        heads = x.shape[2]
+        hq = self.split(heads)
+        if self.separate and not x.requires_grad:
+            q_store, k_store = _own_storage(x), _own_storage(x)
+        else:
+            q_store = k_store = x
+        q = q_store[:, :, :hq]
+        k = k_store[:, :, hq:] if hq < heads else None
+        if heads == 1 and self.q_heads is None and k is None:
+            k = _own_storage(x)  # the smallest call: q and k one head each, same values
+        out = fn(q, k, positions)
+        if self.separate and not x.requires_grad:  # what the target wrote into q, k
+            with torch.no_grad():
+                x[:, :, :hq].copy_(q)
+                if hq < heads:
+                    x[:, :, hq:].copy_(k)
+        q_out, k_out = _qk_outputs(out, k is not None)
+        _fits("q_out", q_out, q)
+        if k is None or hq == heads:
+            return q_out, out
+        _fits("k_out", k_out, k)
+        _both_differentiable(x, q_out, k_out)
+        return torch.cat((q_out, k_out), dim=2), out
+
+    # --- packed -------------------------------------------------------------------------
+    def _packed(self, fn, x, positions):
+        batch, seq, heads, head_dim = x.shape
+        if batch == 1 and sum(self.lengths) == seq:
+            lengths = self.lengths
+        elif positions.dim() > 2:  # N-D positions do not count up: each row one sequence
+            lengths = (seq,) * batch
+        else:
+            lengths = tuple(n for row in positions.cpu().numpy() for n in segment_lengths(row))
+        tokens = x.reshape(batch * seq, heads, head_dim)  # a view for batch 1
+        cu = cu_seqlens(lengths).to(x.device)
+        flat = positions.reshape(batch * seq, *positions.shape[2:]).contiguous()
+        out = fn(tokens, cu, flat)
+        if not isinstance(out, torch.Tensor):
+            raise ReturnedWrong(
+                "type", f"the target returned {_kind(out)}, expected a torch.Tensor (total, heads, head_dim)"
+            )
+        _fits("y", out, tokens)
+        return out.reshape(x.shape), out
+
+
+def _own_storage(x: torch.Tensor) -> torch.Tensor:
+    """A tensor laid out as x (sizes, strides, offset) in a storage of its own."""
+    return strided_copy(x)
+
+
+def _kind(out) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}"
+    return type(out).__name__
+
+
+def _qk_outputs(out, has_k: bool):
+    if isinstance(out, torch.Tensor) and not has_k:
+        return out, None
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected (q_out, k_out)")
+    q_out, k_out = out
+    if has_k and k_out is None:
+        raise ReturnedWrong("type", "the target returned no k_out for a k it was given")
+    return q_out, k_out
+
+
+def _both_differentiable(x: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+    """In a VJP (x requires grad), autograd reaches both q_out and k_out or neither (the VJP
+    names that): with one cut off, y = cat(q_out, k_out) still requires grad and the
+    gradient for that one's input would come back silently zero."""
+    if not x.requires_grad or q_out.requires_grad == k_out.requires_grad:
+        return
+    cut, flows = ("k_out", "q_out") if q_out.requires_grad else ("q_out", "k_out")
+    raise ReturnedWrong(
+        "backward",
+        f"{cut} does not require grad while {flows} does: autograd does not flow through the target to {cut}",
+    )
+
+
+def mismatch(y, x: torch.Tensor, name: str = "output") -> Optional[tuple]:
+    """(kind, message) when y is not a tensor of x's shape, dtype and device, else None."""
+    if not isinstance(y, torch.Tensor):
+        said = "the target returned" if name == "output" else f"{name} is"
+        return "type", f"{said} {type(y).__name__}, expected a torch.Tensor"
+    if tuple(y.shape) != tuple(x.shape):
+        return "shape", f"{name} shape {tuple(y.shape)} differs from input shape {tuple(x.shape)}"
+    if y.dtype != x.dtype:
+        return "dtype", f"{name} dtype {y.dtype} differs from input dtype {x.dtype}"
+    if y.device != x.device:
+        return "device", f"{name} on {y.device}, input on {x.device}"
+    return None
+
+
+def _fits(name: str, out, given: torch.Tensor) -> None:
+    problem = mismatch(out, given, name)
+    if problem:
+        raise ReturnedWrong(*problem)

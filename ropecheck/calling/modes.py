@@ -1,0 +1,139 @@
+"""Execution modes (``--mode``): how the process that calls the target runs it.
+
+- ``eager``: as it is.
+- ``compile``: wrapped in ``torch.compile`` (inductor, on CPU too), recompiling for new
+  shapes and layouts as torch decides; past dynamo's recompile limit, where it would fall
+  back to eager (and the verdict would be eager's under the compile label), a fresh
+  compiled function takes over (``Compiled``).
+- ``autocast``, ``autocast-fp16``: called inside ``torch.autocast`` of the input's device
+  with bfloat16 / float16, as a model under mixed precision calls it. The inputs keep
+  their dtype and are judged at its tolerance: a RoPE must not let autocast lower the
+  precision of its angles (HF computes them with autocast disabled for that reason).
+- ``cudagraph``: CUDA only. Each input shape and layout is captured once in a CUDA graph
+  on buffers of its own (after a warm-up call on a side stream, with positions 0); every
+  call then writes its x and positions into those buffers and replays the graph, as a
+  server replays a captured decode step. A kernel that reads positions on the host or
+  keeps state the graph does not see fails here. The backward is not captured: VJP calls
+  run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+MODES = ("eager", "compile", "autocast", "autocast-fp16", "cudagraph")
+AUTOCAST_DTYPES = {"autocast": torch.bfloat16, "autocast-fp16": torch.float16}
+RECOMPILE_LIMIT = 64  # distinct shapes and layouts one compiled target may see
+
+
+def parse(modes) -> list:
+    """--mode values (repeated or comma-separated), in order, without repeats; default eager.
+    ValueError for an unknown one."""
+    names = [n.strip() for item in modes or () for n in str(item).split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODES]
+    if unknown:
+        raise ValueError(f"unknown --mode {', '.join(unknown)}; known: {', '.join(MODES)}")
+    return list(dict.fromkeys(names)) or ["eager"]
+
+
+def require(modes, device: str) -> None:
+    """ValueError for a mode this device cannot run."""
+    if "cudagraph" in modes and not str(device).startswith("cuda"):
+        raise ValueError("--mode cudagraph needs --device cuda (CUDA graphs exist only on CUDA devices)")
+
+
+def wrap(fn: Callable, mode: str) -> Callable:
+    """``fn`` run in ``mode`` (called where the target runs, once per mode)."""
+    if mode == "eager":
+        return fn
+    if mode == "compile":
+        return Compiled(fn)
+    if mode in AUTOCAST_DTYPES:
+        dtype = AUTOCAST_DTYPES[mode]
+
+        def autocast(*args):
+            device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+            with torch.autocast(device_type=device, dtype=dtype):
+                return fn(*args)
+
+        return autocast
+    if mode == "cudagraph":
+        return CudaGraphed(fn)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+class Compiled:
+    """``torch.compile(fn)`` as a user compiles it (inductor, automatic dynamic shapes). A run
+    shows it more shapes and layouts than dynamo's recompile limit allows; past the limit
+    dynamo would run the function eagerly, so here hitting it is an error, and the next
+    call starts a fresh compiled function instead (every call stays compiled)."""
+
+    def __init__(self, fn: Callable):
+        from torch import _dynamo
+
+        _dynamo.config.recompile_limit = RECOMPILE_LIMIT
+        _dynamo.config.fail_on_recompile_limit_hit = True
+        self.dynamo, self.fn = _dynamo, fn
+        self.compiled = torch.compile(fn)
+
+    def __call__(self, *args):
+        try:
+            return self.compiled(*args)
+        except self.dynamo.exc.FailOnRecompileLimitHit:
+            self.dynamo.reset()
+            self.compiled = torch.compile(self.fn)
+            return self.compiled(*args)
+
+
+class CudaGraphed:
+    """``fn`` captured in a CUDA graph per input signature (shapes, strides, dtypes) and
+    replayed with each call's values written into the captured buffers."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.graphs: dict = {}
+
+    @staticmethod
+    def _signature(args) -> tuple:
+        return tuple(
+            (tuple(a.shape), a.stride(), a.dtype, a.storage_offset()) if isinstance(a, torch.Tensor) else repr(a)
+            for a in args
+        )
+
+    def _capture(self, args):
+        buffers = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                b = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                b.copy_(a if a.is_floating_point() else torch.zeros_like(a))  # positions 0 at capture
+                buffers.append(b)
+            else:
+                buffers.append(a)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.fn(*buffers)  # warm-up: lazy allocations and autotuning outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.fn(*buffers)
+        return graph, buffers, out
+
+    def __call__(self, *args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return self.fn(*args)  # a VJP: the backward is not captured
+        key = self._signature(args)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(args)
+        graph, buffers, out = self.graphs[key]
+        for b, a in zip(buffers, args):
+            if isinstance(a, torch.Tensor):
+                b.copy_(a)
+        graph.replay()
+        if isinstance(out, torch.Tensor):
+            return out.clone()
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.clone() if isinstance(o, torch.Tensor) else o for o in out)
+        return out

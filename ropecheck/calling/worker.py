@@ -1,0 +1,346 @@
+"""Crash isolation: the target lives in a worker process.
+
+ropecheck (the parent) keeps the hypothesis engine, the float64 reference and the
+reporting; the worker imports the target and runs each call on the tensors it is sent
+(``ropecheck.execution``: private copies, state guard, exceptions as findings) and sends
+back the outcome. What the target does to its process stays there:
+- a crash (a signal such as SIGSEGV, ``os._exit``, a CUDA error that poisons the
+  context) ends the worker, not ropecheck: the call reports "the target crashed the
+  process (SIGSEGV) ..." and the next call starts a new worker;
+- a call that does not return within the time limit is stopped by killing the worker
+  (the parent's watchdog: nothing has to interrupt the target from inside);
+- ``sys.exit`` is the call's error; threads the target leaves running die with the
+  worker; process-wide state it changes is restored in the worker.
+
+The worker is a fresh interpreter (``python -c``), not a fork: forking a process whose
+OpenMP pool has run deadlocks the child, and multiprocessing's spawn would re-import the
+user's ``__main__``. It gets ropecheck's ``sys.path``, so it imports what the parent
+would. Tensors travel by value with their strides and storage offsets
+(:func:`dumps`), so a view arrives as the same view.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ropecheck.calling import spawn
+from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
+from ropecheck.properties.interface import CallError, TargetHung
+
+LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
+_CUDA_FAULT = re.compile(
+    r"CUDA error|illegal memory access|device-side assert|cudaError|"
+    r"unspecified launch failure",
+    re.IGNORECASE,
+)
+
+
+# --- waiting for the other side ----------------------------------------------------------
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# Seconds each side polls without sleeping before it blocks. Waking a sleeping process
+# costs about 50 us on the virtual machines CI runs on, a fifth of a small call's cost;
+# with a core each (two or more), the two processes hand calls back and forth awake.
+SPIN = 0.002 if _cores() > 1 else 0.0
+
+
+def spin_until_ready(conn: Connection, timeout: Optional[float]) -> bool:
+    """conn.poll(timeout), polling without sleeping for the first SPIN seconds."""
+    spin = SPIN if timeout is None else min(SPIN, timeout)
+    end = time.perf_counter() + spin
+    while time.perf_counter() < end:
+        if conn.poll(0):
+            return True
+    return conn.poll(None if timeout is None else timeout - spin)
+
+
+# --- the worker's side ---------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when ropecheck dies (even by os._exit)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the parent closes the pipe, the worker sees EOF
+        pass
+
+
+def _resolve(dotted: str):
+    module, _, attr = dotted.partition(":")
+    return getattr(__import__(module, fromlist=[attr]), attr)
+
+
+def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
+    """The worker's loop: load the target, then run calls until told to stop (``Exit``, or
+    ropecheck closing the connection). ``preload``: modules to import while waiting."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is ropecheck's to handle
+    faulthandler.enable(open(crash_log, "w"))
+    # One core stays ropecheck's: a thread of the worker's spinning there (OpenMP's
+    # threads spin after a parallel region) slows down ropecheck's reference and next
+    # draw; on two cores that was the larger part of the worker's cost per call.
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() - 1)))
+    for module in preload:  # the loaders ropecheck will ask for, imported while it starts up
+        importlib.import_module(module)
+    conn = Connection(fd)
+    state: dict = {"execution": None}
+
+    def reply(message):
+        try:
+            try:
+                data = dumps(message)
+            except Exception as exc:  # an output that cannot be sent back
+                data = dumps(Failed(f"the target's result cannot be sent back to ropecheck: {describe_exception(exc)}"))
+            conn.send_bytes(data)
+        except OSError:  # ropecheck is gone, or no longer wants this worker
+            os._exit(0)
+
+    def on_load(message: Load) -> bool:
+        sys.path[:] = message.path
+        try:
+            fn, info = _resolve(message.loader)(*message.args)
+            state["execution"] = Execution(fn)
+            reply(Loaded(info))
+        except BaseException as exc:  # the loader's message, or whatever the import raised
+            reply(
+                Failed(
+                    str(exc)
+                    if type(exc).__name__ == "TargetLoadError"
+                    else f"loading the target failed: {describe_exception(exc)}"
+                )
+            )
+        return True
+
+    def on_call(message: Call) -> bool:
+        outcome = state["execution"].run(message.request)
+        poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
+        if poisoned:
+            outcome.error = (
+                "crashed",
+                f"{outcome.error[1]}: a CUDA error that poisons the process's CUDA context (the worker was restarted)",
+            )
+        reply(Done(outcome))
+        return not poisoned
+
+    handlers: dict[type, Callable[..., bool]] = {Load: on_load, Call: on_call}
+    while True:
+        try:
+            spin_until_ready(conn, None)
+            message = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            break
+        handler = handlers.get(type(message))
+        if handler is None or not handler(message):
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # threads the target left running do not keep the worker alive
+
+
+# --- ropecheck's side ----------------------------------------------------------------------
+
+
+def _death(returncode: Optional[int]) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the target crashed the process ({name})"
+    return f"the target ended the process (exit status {returncode}: os._exit or a native exit)"
+
+
+def _crash_site(log_path: str) -> str:
+    """The innermost Python frame of faulthandler's dump that is not ropecheck's own."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return ""
+    frames = [
+        f"{file}:{line} in {func}"
+        for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
+        if not file.startswith(str(Path(__file__).parent))
+    ]
+    if not frames:
+        return ""
+    return f" at {frames[0]}" + (f", called from {frames[1]}" if len(frames) > 1 else "")
+
+
+class WorkerError(Exception):
+    """The worker could not load the target."""
+
+
+class _Process:
+    """One worker process: started at once, its target loading while ropecheck goes on."""
+
+    def __init__(self, loader: str, args: tuple):
+        self.proc, self.conn, self.crash_log = spawn.take()
+        self.conn.send_bytes(dumps(Load(list(sys.path), loader, args)))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def receive(self, timeout: Optional[float], during: str):
+        """The next message; TargetHung after ``timeout`` (the process is killed); Crashed
+        when the process died instead of answering."""
+        try:
+            ready = spin_until_ready(self.conn, timeout)
+        except (OSError, EOFError):
+            ready = True
+        if not ready:
+            self.stop(kill=True)
+            assert timeout is not None  # no timeout: the wait ends only when a message is ready
+            raise TargetHung(
+                timeout, f"the target did not return within {timeout:g} s ({during}; its worker process was stopped)"
+            )
+        try:
+            return pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            try:
+                returncode = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            why = _death(returncode) + _crash_site(self.crash_log)
+            self.stop(kill=True)
+            return Crashed(f"{why} ({during})" if during.startswith("loading") else why)
+
+    def stop(self, kill: bool = False) -> None:
+        if kill and self.alive:
+            self.proc.kill()
+        if not self.conn.closed:
+            try:
+                self.conn.send_bytes(dumps(Exit()))
+            except OSError:
+                pass
+            self.conn.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        Path(self.crash_log).unlink(missing_ok=True)
+
+
+class Worker:
+    """The target's worker: a process that loads it with ``loader(*args)`` (a
+    'module:function' returning (callable, picklable description)) and runs its calls.
+    Replaced on demand after a crash or a hang; once the target has crashed, a standby
+    process is kept loading, so the next crash costs no start-up wait."""
+
+    def __init__(self, loader: str, args: tuple = (), load_timeout: float = LOAD_TIMEOUT):
+        self.loader, self.args, self.load_timeout = loader, args, load_timeout
+        self.current: Optional[_Process] = None
+        self.standby: Optional[_Process] = None
+        self.crashes = 0
+        self.info = None
+        self.state_changes: list = []  # every change the target made, over all calls
+        _LIVE.add(self)
+
+    def start(self):
+        """Have a loaded process (the standby if there is one); returns the target's
+        description. Raises WorkerError when it cannot be loaded (a crash included)."""
+        if self.current is not None:
+            self.current.stop(kill=True)
+        self.current, self.standby = (self.standby or _Process(self.loader, self.args)), None
+        try:
+            reply = self.current.receive(self.load_timeout, during="loading the target")
+        except TargetHung:
+            self.current = None
+            raise WorkerError(f"loading the target did not finish within {self.load_timeout:g} s") from None
+        if not isinstance(reply, Loaded):
+            self.current.stop(kill=True)
+            self.current = None
+            raise WorkerError(reply.message)
+        self.info = reply.info
+        if self.crashes:
+            self.standby = _Process(self.loader, self.args)
+        return self.info
+
+    @property
+    def function(self) -> RemoteFunction:
+        return RemoteFunction(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.current is not None and self.current.alive
+
+    def close(self) -> None:
+        for process in (self.current, self.standby):
+            if process is not None:
+                process.stop()
+        self.current = self.standby = None
+
+    def run(self, request: Request) -> Outcome:
+        """One call in the worker (a new one first if a crash or hang stopped the last),
+        within ``request.timeout``."""
+        if not self.alive:
+            try:
+                self.start()
+            except WorkerError as exc:
+                return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
+        assert self.current is not None  # started above
+        self.current.conn.send_bytes(dumps(Call(request)))
+        reply = self.current.receive(request.timeout, during="during the call")
+        if isinstance(reply, Failed):
+            return Outcome(error=("type", reply.message))
+        outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
+        self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
+        if outcome.error and outcome.error[0] == "crashed":
+            self.crashes += 1
+            self.current.stop(kill=True)
+            self.current = None
+            if self.standby is None:
+                self.standby = _Process(self.loader, self.args)
+        return outcome
+
+
+class RemoteFunction:
+    """The target's callable as seen from ropecheck: a plain call run in the worker
+    (no contract checks: those are the Caller's)."""
+
+    def __init__(self, worker: "Worker"):
+        self.worker = worker
+
+    def __call__(self, *args):
+        *tensors, positions = args
+        outcome = self.worker.run(Request("call", tuple(tensors), positions))
+        if outcome.error is not None:
+            raise CallError(*outcome.error)
+        return outcome.outputs
+
+
+_LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every worker (at exit, and before an exit that skips atexit)."""
+    for worker in list(_LIVE):
+        worker.close()
+    spawn.discard()

@@ -1,0 +1,1 @@
+"""``ropecheck identify``: a target's convention inferred by probing it as a black box."""

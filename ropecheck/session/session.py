@@ -1,0 +1,249 @@
+"""A check session: a target's properties x dtypes x modes, run through the one runner
+(``properties.runner``), with the position-range probe first (1-D RoPE), known failures
+applied and failures that share a root cause grouped. Every front door runs one: the CLI
+and the Python API all at once (``run``), the pytest plugin one check per test
+(``run_one``), the conformance report one per target. ``ropecheck.session.prepare`` makes
+it."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+import torch
+
+from ropecheck.properties import position_range
+from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.interface import TargetHung
+from ropecheck.properties.property import RANGE_PROBE, Property
+from ropecheck.properties.runner import Result, RunOptions, run_property
+from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
+from ropecheck.session import known_failures
+from ropecheck.session.options import Options
+from ropecheck.targets.target import Target
+
+
+def column_label(dtype: str, mode: str = "eager") -> str:
+    """A results column (and a JUnit name's bracket): the dtype, and the mode unless eager."""
+    return dtype if mode == "eager" else f"{dtype} {mode}"
+
+
+def probe_position_range(target: Target, dtype: str, run: RunOptions, reproduce: str) -> tuple[Result, Target]:
+    """The position-range finding for one dtype, and the target restricted to the
+    positions it accepts (so the properties judge its values, not its range)."""
+    result = Result(RANGE_PROBE, dtype, "passed", position_range.FORMULA)
+    head_dim = target.rotary_dim or FREE_HEAD_DIMS[0]
+    x = torch.randn(1, 1, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+    caller = target.caller(run.timeout)
+    limit = min(MAX_POSITION, target.max_position or MAX_POSITION)
+    found = position_range.find_limit(lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64)), limit)
+    if found is None:
+        return result, target
+    at, why = found
+    result.status, result.message = "failed", position_range.finding(at, why)
+    result.counterexample = f"x: shape {tuple(x.shape)} {dtype}, contiguous; positions [{at}]"
+    result.reproduce = reproduce
+    result.signature = "position-range"
+    return result, target.with_(max_position=at - 1)
+
+
+class Reproduce:
+    """How a failure of this run is rerun alone, as its front door spells it: a
+    ``ropecheck check`` command, a ``ropecheck.check(...)`` call, or a pytest command."""
+
+    def __init__(
+        self,
+        options: Options,
+        dtypes: list,
+        seed: Optional[int],
+        shown_target: str = "",
+        pytest_args: Optional[list] = None,
+    ):
+        self.options, self.dtypes, self.seed = options, dtypes, seed
+        self.shown_target, self.pytest_args = shown_target, pytest_args
+
+    def __call__(self, name: str, mode: str = "eager", dtype: str = "") -> str:
+        o = self.options
+        if o.door == "pytest":
+            args = [a for a in self.pytest_args or [] if not a.startswith("--rope-seed")]
+            return shlex.join(
+                ["pytest", *args]
+                + ([f"--rope-seed={self.seed}"] if self.seed is not None else [])
+                + ["-k", f"{name} and {dtype}"]
+            )
+        if o.door == "api":
+            given = o.keywords()
+            words = [self.shown_target] + [f"{k}={v!r}" for k, v in given.items()]
+            words += [f"dtypes={[d for d in self.dtypes if d != '-']!r}"] if "dtypes" in o.given else []
+            words += [f"properties=[{name!r}]"] + ([] if mode == "eager" else [f"modes=[{mode!r}]"])
+            return f"ropecheck.check({', '.join(words + ([f'seed={self.seed}'] if self.seed is not None else []))})"
+        words = ["ropecheck", "check"] + ([o.target] if isinstance(o.target, str) else []) + o.words()
+        words += [w for d in self.dtypes if d != "-" for w in ("--dtype", d)]  # a builder takes no tensors
+        words += ["--profile", o.profile] + (["--seed", str(self.seed)] if self.seed is not None else [])
+        return shlex.join(words + ["--property", name] + ([] if mode == "eager" else ["--mode", mode]))
+
+
+@dataclass
+class Session:
+    target: Target
+    dtypes: list[str]
+    properties: list[Property]
+    run_options: RunOptions = field(default_factory=RunOptions)
+    # how one check is rerun: (name, mode, dtype) -> a command or a call
+    reproduce: Callable = lambda name, mode="eager", dtype="": ""
+    known: list = field(default_factory=list)  # ropecheck.session.known_failures records
+    results: list[Result] = field(default_factory=list)
+    stopped: Optional[str] = None  # why the run stopped early
+    crashes: dict = field(default_factory=dict)  # dtype -> the crash of its smallest call
+    unsupported: dict = field(default_factory=dict)  # dtype -> why it cannot be called
+    causes: list = field(default_factory=list)  # root causes shared by several failures
+    range_probe: bool = True  # probe the accepted position range first
+    modes: list = field(default_factory=lambda: ["eager"])  # how the target is run (--mode)
+    options: Optional[Options] = None  # the run's options (the JSON record echoes them)
+    ranges: dict = field(default_factory=dict)  # dtype -> the target restricted to its accepted range
+
+    @property
+    def rows(self) -> list[str]:
+        """The table's rows: the position-range probe, then the properties."""
+        return ([RANGE_PROBE] if self.range_probe else []) + [p.name for p in self.properties]
+
+    @property
+    def columns(self) -> list[tuple[str, str]]:
+        """The table's columns: (dtype, mode), each dtype's modes side by side."""
+        return [(dtype, mode) for dtype in self.dtypes for mode in self.modes]
+
+    def _record(self, result: Result, on_result=lambda r: None) -> Result:
+        result = known_failures.apply(self.target.name, [result], self.known)[0]
+        self.results.append(result)
+        on_result(result)
+        return result
+
+    def _crashed(self, prop: Property, dtype: str, mode: str) -> Result:
+        """Its smallest call crashes in this dtype: so would every property."""
+        crashed = Result(
+            prop.name,
+            dtype,
+            "failed",
+            prop.formula,
+            message=self.crashes[dtype].split("\n")[0],
+            counterexample=self.crashes[dtype].split("on the first, smallest input: ")[-1],
+        )
+        crashed.signature, crashed.mode = f"crashed: {crashed.message}", mode
+        return crashed
+
+    def target_for(self, dtype: str, on_result=lambda r: None) -> Target:
+        """The target as checked in ``dtype``: restricted to the positions it accepts (the
+        position-range probe, run once per dtype and recorded)."""
+        if dtype not in self.ranges:
+            target = self.target
+            if self.range_probe and dtype not in self.crashes:
+                found, target = probe_position_range(
+                    target, dtype, self.run_options, self.reproduce(RANGE_PROBE, "eager", dtype)
+                )
+                self._record(found, on_result)
+            self.ranges[dtype] = target
+        return self.ranges[dtype]
+
+    def check(self, prop: Property, dtype: str, mode: str = "eager") -> Result:
+        """One property in one dtype and mode (not recorded). TargetHung propagates."""
+        if dtype in self.crashes:
+            return self._crashed(prop, dtype, mode)
+        target = self.target_for(dtype)
+        run_in = target if mode == "eager" else replace(target, mode=mode)
+        result = run_property(
+            prop, run_in, dtype, self.run_options, reproduce_hint=self.reproduce(prop.name, mode, dtype)
+        )
+        result.mode = mode
+        return result
+
+    def run_one(self, name: str, dtype: str, mode: str = "eager") -> Result:
+        """One row of the table in one column, recorded (the pytest plugin's test): the
+        position-range probe or a property. After a hang the rest is skipped."""
+        if self.stopped:
+            return Result(name, dtype, "skipped", "", message=f"not run: {self.stopped}")
+        if name == RANGE_PROBE:
+            self.target_for(dtype)
+            return next(r for r in self.results if r.property == RANGE_PROBE and r.dtype == dtype)
+        prop = next(p for p in self.properties if p.name == name)
+        try:
+            return self._record(self.check(prop, dtype, mode))
+        except TargetHung as exc:
+            return self._hung(exc, prop.name, prop.formula, dtype, mode)
+
+    def _hung(self, exc: TargetHung, name: str, formula: str, dtype: str, mode: str, on_result=lambda r: None):
+        hung = Result(
+            name,
+            dtype,
+            "failed",
+            formula,
+            message=f"{exc}; the run was stopped here",
+            counterexample=getattr(exc, "case", ""),
+            mode=mode,
+        )
+        self.stopped = f"the target hung in {name} ({dtype}{'' if mode == 'eager' else ', ' + mode})"
+        return self._record(hung, on_result)
+
+    def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
+        """Every row in every column, dtype by dtype; stops at a hang."""
+        for dtype in self.dtypes:
+            running = (self.rows[0], position_range.FORMULA, "eager")
+            try:
+                self.target_for(dtype, on_result)
+                for mode in self.modes:
+                    for prop in self.properties:
+                        running = (prop.name, prop.formula, mode)
+                        self._record(self.check(prop, dtype, mode), on_result)
+            except TargetHung as exc:
+                self._hung(exc, *running[:2], dtype, running[2], on_result)
+                break
+        self.causes = group_causes(self.results)
+        return self.results
+
+    @property
+    def verdict(self) -> str:
+        statuses = {r.status for r in self.results}
+        if "error" in statuses:
+            return "error"
+        return "failed" if "failed" in statuses else "passed"
+
+    def close(self) -> None:
+        """Stop the target's worker process, if any."""
+        self.target.close()
+
+
+def group_causes(results: list[Result]) -> list[dict]:
+    """Failures that share a signature (the same exception at the same place, the same
+    crash, the same contract breach, the same minimal input) are one root cause: each gets
+    the cause's id; returns the causes, each with the properties it took down."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if r.status == "failed" and r.signature:
+            groups.setdefault(r.signature, []).append(r)
+    causes: list[dict] = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        cause = f"C{len(causes) + 1}"
+        for r in members:
+            r.cause = cause
+        first = members[0]
+        same_input = first.signature.startswith("input: ")
+        causes.append(
+            {
+                "id": cause,
+                "message": first.message,
+                "diagnosis": first.diagnosis,
+                "counterexample": first.counterexample,
+                "reproduce": first.reproduce,
+                "properties": list(dict.fromkeys(r.property for r in members)),
+                "dtypes": list(dict.fromkeys(column_label(r.dtype, r.mode) for r in members)),
+                # one input failing several checks: what each of them saw
+                "also": [
+                    {"property": r.property, "dtype": column_label(r.dtype, r.mode), "message": r.message}
+                    for r in members[1:]
+                    if same_input and r.message != first.message
+                ],
+            }
+        )
+    return causes

@@ -1,0 +1,163 @@
+"""From a run's options to the target it checks: load what ``target`` names (in this
+process or a worker), then attach what the options and the target's family declare (its
+convention, call form, position axes and head sizes, capabilities, device).
+
+One path for every family: the family (``--family``, else what the target declares, else
+1-D RoPE) is a ``properties.property.Family`` record whose ``declare`` turns the family
+parameters (an adapter's implied ones, overridden by the options given) into its
+convention.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ropecheck.calling import devices
+from ropecheck.properties.families import family as family_record
+from ropecheck.properties.interface import TENSOR_FORMS
+from ropecheck.properties.property import Family, FamilyError
+from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
+from ropecheck.session.options import BY_NAME, FAMILY_PARAMETERS, Options, UsageError
+from ropecheck.targets.builtins import BUILTINS, DEFAULT_TARGET
+from ropecheck.targets.target import Target
+
+
+class UnusableTarget(Exception):
+    """The target cannot be loaded or called at all (exit status 2)."""
+
+
+def name_of(options: Options) -> str:
+    """How the run names its target (the default target when none is given)."""
+    return target_name(options.target) or DEFAULT_TARGET
+
+
+def in_process(options: Options) -> bool:
+    """Whether the target's calls run in this process: asked for, or a Python object (a
+    worker is a fresh interpreter: a lambda or a closure cannot be sent to one)."""
+    return bool(options.in_process) or not (options.target is None or is_named(options.target))
+
+
+def build(options: Options) -> Target:
+    """The target ``options`` describe, loaded and declared; its worker started (close it
+    with ``Target.close``). UnusableTarget when it cannot be loaded or its declaration
+    does not hold; UsageError for an option that does not apply to its family."""
+    spec = options.target if options.target is not None else DEFAULT_TARGET
+    if options.family is not None and options.call is not None:  # before anything loads
+        _check_call(family_record(options.family), options.call)
+    one_d = options.family in (None, "rope")
+    builtin_options = (
+        {
+            k: v
+            for k, v in (
+                ("base", options.base),
+                ("rotary_dim", options.rotary_dim),
+                ("layout", options.layout),
+                ("scaling", options.scaling_parsed),
+            )
+            if v is not None
+        }
+        if one_d and is_named(spec) and spec in BUILTINS
+        else {}
+    )
+    try:
+        devices.require(options.device)
+        target = load(
+            spec,
+            worker=not in_process(options),
+            call=options.call,
+            family=options.family,
+            builtin_options=builtin_options,
+        )
+    except (TargetLoadError, ValueError, OSError) as exc:
+        raise UnusableTarget(
+            f"cannot load target {name_of(options)!r}: {exc}" if isinstance(exc, TargetLoadError) else str(exc)
+        ) from None
+    try:
+        return declare(target, options)
+    except BaseException:
+        target.close()
+        raise
+
+
+def declare(target: Target, options: Options) -> Target:
+    """``target`` with what ``options`` and its family declare."""
+    try:
+        fam = family_record(options.family or target.family)
+    except FamilyError as exc:
+        raise UsageError(str(exc)) from None
+    call = options.call or (target.call if target.call in fam.calls else fam.calls[0])
+    _check_call(fam, call)
+    options.check_applies(fam.name, call)
+    parameters = {**target.implies, **options.parameters()}
+    own = target.convention if target.family == fam.name else None
+    try:
+        declared = fam.declare(parameters, own)
+    except FamilyError as exc:
+        raise UnusableTarget(str(exc)) from None
+    limits = [n for n in (target.max_position, options.max_position, declared.max_position) if n is not None]
+    try:
+        device = devices.choose(options.device, target.devices)
+        devices.require(device)
+    except ValueError as exc:
+        raise UnusableTarget(str(exc)) from None
+    return target.with_(
+        family=fam.name,
+        call=call,
+        convention=declared.convention,
+        n_axes=declared.n_axes,
+        head_dims=declared.head_dims or target.head_dims,
+        rotary_dim=declared.rotary_dim or target.rotary_dim,
+        dtypes=declared.dtypes or target.dtypes,
+        max_position=min(limits) if limits else None,
+        backward=options.backward and target.backward and call in TENSOR_FORMS,
+        inplace=options.inplace or target.inplace,
+        device=device,
+        implies={**target.implies, **options.parameters()},
+    )
+
+
+def _check_call(fam: Family, call: str) -> None:
+    if call not in fam.calls:
+        raise UnusableTarget(
+            f"--call {call} is not available with --family {fam.name} (it takes "
+            f"{', '.join('--call ' + f for f in fam.calls)})"
+        )
+
+
+def header(target: Target, options: Optional[Options] = None) -> str:
+    """The line a run starts with: what the target is declared to compute (for a family
+    other than 1-D RoPE, its flags and the run's, as a reproduce line has them)."""
+    fam = family_record(target.family)
+    if fam.name == "rope":
+        if target.convention is None:
+            return (
+                "[yellow]No --layout given: running spec-free checks only "
+                "(no comparison with the float64 reference).[/]"
+            )
+        return f"Convention: {target.convention.flags()}"
+    run = [
+        w
+        for name in ("max_position", "device", "backward", "in_process")
+        if options is not None and name in options.given
+        for w in BY_NAME[name].shown(options[name])
+    ]
+    flags = " ".join(["--call", target.call] * (target.call != fam.calls[0]) + family_words(target.implies) + run)
+    return f"Family {fam.name}" + (f": {flags}" if flags else "")
+
+
+def family_words(parameters: dict) -> list:
+    """The flags that give these family parameters (``--sections 2,3,3 --layout half``)."""
+    words: list = []
+    for name in FAMILY_PARAMETERS:
+        value = parameters.get(name)
+        if value is not None and value is not False:
+            option = BY_NAME[name]
+            words += option.shown(value) if not hasattr(value, "flag") else [option.cli, value.flag()]
+    return words
+
+
+def family_of(target: Target) -> Family:
+    return family_record(target.family)
+
+
+__all__ = ["UnusableTarget", "build", "declare", "header", "name_of", "in_process", "Optional"]

@@ -1,0 +1,95 @@
+"""The one target record: an implementation under test, whatever its family and call form.
+
+A ``Target`` holds the callable and everything a check may ask of it (it is the
+``properties.interface.Subject`` the checks read): its family (``--family``; 1-D RoPE is
+``rope``), its call form (``rope(x, positions)``, ``(q, k, positions)``, packed, or
+``build_positions(segments)`` for a position builder), its family's convention (what the
+float64 reference computes), and its capabilities (dtypes, devices, backward, in place,
+the largest position it accepts, ...). Built-ins, adapters and a user's file declare one
+alike; ``ropecheck.session.spec`` attaches what the flags say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from ropecheck.calling.caller import DEFAULT_TIMEOUT, Caller, Executor, PlainCaller
+from ropecheck.calling.in_process import InProcess
+from ropecheck.properties.convention import Convention  # noqa: F401  (the 1-D convention, declared with targets)
+from ropecheck.properties.dtypes import DTYPES
+from ropecheck.properties.interface import TENSOR_FORMS, check_call
+
+MIN_MAX_POSITION = 255  # the smallest position range a target may declare
+
+
+@dataclass(frozen=True)
+class Target:
+    """One implementation under test, with its declared convention and capabilities.
+
+    ``rotary_dim`` is also meaningful without a convention: it tells the spec-free checks
+    which head sizes the target accepts (head_dim >= rotary_dim); ``head_dims`` are the
+    head sizes an N-D or xPos target accepts (() for any even one).
+    """
+
+    name: str
+    fn: Optional[Callable]
+    convention: Any = None  # its family's convention (None: spec-free checks only)
+    family: str = "rope"  # properties.families: rope (1-D), axial, mrope, nd, xpos, *-builder
+    call: str = "x"  # its call form (properties.interface.CALL_FORMS)
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    backward: bool = True
+    inplace: bool = False
+    rotary_dim: Optional[int] = None
+    n_axes: int = 1  # position axes
+    head_dims: tuple = ()  # head sizes it accepts (N-D, xPos); () any even one
+    max_position: Optional[int] = None  # largest position (per axis) it accepts (a fixed table)
+    k_optional: bool = False  # qk: accepts k=None
+    # positions are offset + arange(seq) in every row (an API taking per-row offsets)
+    row_offsets: bool = False
+    # device types it runs on (an adapter's record, Target(devices=...)); the checks make
+    # its inputs on ``device`` (--device), which must be one of them
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    device: str = "cpu"
+    mode: str = "eager"  # how the checks run it (--mode, ropecheck.calling.modes)
+    description: str = ""
+    # the family parameters it implies (an N-D adapter's sections, layout, ...), as flags name them
+    implies: dict = field(default_factory=dict, compare=False)
+    # where calls run (a ropecheck.calling.worker.Worker), or None: this process
+    executor: Optional[Executor] = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        check_call(self.call)
+        if self.convention is not None and getattr(self.convention, "rotary_dim", None) is not None:
+            object.__setattr__(self, "rotary_dim", self.convention.rotary_dim)
+        if self.max_position is not None and self.max_position < MIN_MAX_POSITION:
+            raise ValueError(f"{self.name}: max_position must be at least {MIN_MAX_POSITION}, got {self.max_position}")
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @property
+    def takes_tensors(self) -> bool:
+        return self.call in TENSOR_FORMS
+
+    def caller(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
+        """The target called under the contract (``properties.interface.Rope``), in its
+        executor: its worker, or this process."""
+        executor: Executor
+        if self.executor is not None:
+            executor = self.executor
+        elif self.fn is not None:
+            executor = InProcess(self.fn)
+        else:
+            raise ValueError(f"{self.name}: a target with neither a callable nor an executor cannot be called")
+        if not self.takes_tensors:
+            return PlainCaller(executor, timeout)
+        return Caller(executor, self.call, timeout, self.inplace, self.device, self.mode)
+
+    def with_(self, **changes) -> "Target":
+        return replace(self, **changes)
+
+    def close(self) -> None:
+        """Stop the worker process the target runs in, if any."""
+        if self.executor is not None:
+            self.executor.close()
