@@ -86,41 +86,17 @@ for name in ('liger_kernel', 'flash_attn', 'flashinfer'):
     spec = u.find_spec(name)
     print(name, 'at', spec.origin if spec else None)
 ") || exit 1
-            if [ "$mode" = gpu ] && ! (cd "$repo" && "$py" -c "import ropecheck.properties" 2>/dev/null); then
-                for sub in properties reference; do
-                    [ -e "ropecheck/$sub" ] || ln -s "../$sub" "ropecheck/$sub"
-                done
-                echo "linked ropecheck/properties and ropecheck/reference to the checkout's folders"
-                (cd "$repo" && "$py" -c "import ropecheck.properties, ropecheck.reference") || exit 1
-            fi
             exit 0 ;;
         sanitize)
-            # sanitize NAME EXPECT OUT PY TARGET ARGS...: TARGET's check under compute-sanitizer
-            # (memcheck): through `ropecheck check --sanitize` where the option exists, else the
-            # whole check in one process (--in-process) wrapped by ropecheck.sanitizer.wrap
+            # sanitize NAME EXPECT OUT PY TARGET ARGS...: TARGET's check with --sanitize (its
+            # worker under compute-sanitizer memcheck): its output kept as the log, its JSON
+            # record's sanitizer findings are what the record of this step says
             name=$1; expect=$2; out=$3; py=$4; shift 4
             log=$out/sanitizer/$name.memcheck.log
-            if "$py" -m ropecheck check --help 2>/dev/null | grep -q -- --sanitize; then
-                # the integrated option: its output (the sanitizer's reports, or ropecheck's
-                # account of them) is kept as the log the parser reads
-                echo "ropecheck check has --sanitize: using it"
-                "$py" -m ropecheck check "$@" --sanitize --json "$out/sanitizer/$name.check.json" 2>&1 \
-                    | tee "$log"
-                echo "check exit ${PIPESTATUS[0]}"
-            else
-                echo "ropecheck check has no --sanitize yet: the check in one process under compute-sanitizer"
-                why=$("$py" -c "from ropecheck import sanitizer; print(sanitizer.available() or '')")
-                if [ -n "$why" ]; then echo "compute-sanitizer cannot run: $why"; exit 1; fi
-                mapfile -t argv < <("$py" -c "
-import sys
-from ropecheck import sanitizer
-print('\n'.join(sanitizer.wrap(sys.argv[2:], 'memcheck', log_file=sys.argv[1])))
-" "$log" "$py" -m ropecheck check "$@" --in-process --json "$out/sanitizer/$name.check.json")
-                echo "${argv[*]}"
-                env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "${argv[@]}"
-                echo "sanitized check exit $?"
-            fi
-            "$py" ci/gpu_report.py sanitizer "$name" "$log" "$out/sanitizer/$name.json" --expect "$expect"
+            "$py" -m ropecheck check "$@" --sanitize --json "$out/sanitizer/$name.check.json" 2>&1 | tee "$log"
+            echo "check exit ${PIPESTATUS[0]}"
+            "$py" ci/gpu_report.py sanitizer "$name" "$log" "$out/sanitizer/$name.json" --expect "$expect" \
+                --check-json "$out/sanitizer/$name.check.json"
             exit $? ;;
         sanitize-sample)
             # sanitize-sample NAME EXPECT OUT PY SAMPLE: the rehearsal of the above: the parser

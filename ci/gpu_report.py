@@ -30,6 +30,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 LIBRARIES = ("ropecheck", "torch", "triton", "transformers", "liger-kernel", "flash-attn",
              "flashinfer-python", "hypothesis", "numpy", "scipy", "pytest", "pytest-benchmark")
@@ -111,13 +112,13 @@ def envelope(out: Path, rehearse: bool) -> dict:
         if shutil.which("nvidia-smi") else "nvidia-smi not on the PATH"
     env["nvcc"] = _run(["nvcc", "--version"]).splitlines()[-1] if shutil.which("nvcc") else "not on the PATH"
     try:
-        from ropecheck import sanitizer
+        from ropecheck.calling import sanitizer
 
         found = sanitizer.find_executable()
         env["compute_sanitizer"] = _run([found, "--version"]).splitlines()[-1] if found else "not found"
         env["sanitizer_available"] = sanitizer.available() or "yes"
     except ImportError as exc:
-        env["compute_sanitizer"] = f"ropecheck.sanitizer not importable: {exc}"
+        env["compute_sanitizer"] = f"ropecheck.calling.sanitizer not importable: {exc}"
     try:
         if cuda:
             env["copy"] = copy_bandwidth("cuda", 2**30, 20)
@@ -133,15 +134,30 @@ def envelope(out: Path, rehearse: bool) -> dict:
 # ------------------------------------------------------------------------------ sanitizer
 
 
-def sanitizer_record(name: str, log: Path, out_json: Path, expect: str, tool: str) -> int:
-    """Parse a compute-sanitizer log into OUT_JSON. Exit 0 when it says what was expected:
-    ``found`` (a planted kernel: at least one out-of-bounds access) or ``clean`` (no error)."""
-    from ropecheck import sanitizer
+def sanitizer_record(name: str, log: Path, out_json: Path, expect: str, tool: str,
+                     check_json: Optional[Path] = None) -> int:
+    """A compute-sanitizer run into OUT_JSON: the findings of ``ropecheck check --sanitize``
+    (its JSON record, ``check_json``: every result whose message is a sanitizer report),
+    else a compute-sanitizer log parsed (the rehearsal's recorded samples). Exit 0 when it
+    says what was expected: ``found`` (a planted kernel: at least one out-of-bounds access)
+    or ``clean`` (no error)."""
+    from ropecheck.calling import sanitizer_reports
 
+    if check_json is not None and check_json.exists():
+        results = json.loads(check_json.read_text()).get("results", [])
+        said = [r for r in results if "compute-sanitizer" in (r.get("message") or "")]
+        ok = bool(said) if expect == "found" else not said
+        record = {"name": name, "tool": tool, "check_json": str(check_json), "expect": expect, "as_expected": ok,
+                  "reports": len(said), "findings": [{"property": r["property"], "dtype": r["dtype"],
+                                                      "message": r["message"],
+                                                      "counterexample": r.get("counterexample")} for r in said]}
+        out_json.write_text(json.dumps(record, indent=1))
+        print(f"{name}: {len(said)} checks with sanitizer findings; expected {expect}: {'yes' if ok else 'NO'}")
+        return 0 if ok else 1
     text = log.read_text(errors="replace") if log.exists() else ""
-    reports = sanitizer.parse(text, tool)
-    findings = sanitizer.findings(reports)
-    summary = sanitizer.error_summary(text)
+    reports = sanitizer_reports.parse(text, tool)
+    findings = sanitizer_reports.findings(reports)
+    summary = sanitizer_reports.error_summary(text)
     out_of_bounds = [r for r in reports if r.kind in ("out-of-bounds", "misaligned")]
     ok = bool(out_of_bounds) if expect == "found" else (not reports and summary == 0)
     record = {"name": name, "tool": tool, "log": str(log), "expect": expect, "as_expected": ok,
@@ -378,6 +394,7 @@ def main(argv=None) -> int:
     p.add_argument("out_json", type=Path)
     p.add_argument("--expect", choices=("found", "clean"), required=True)
     p.add_argument("--tool", default="memcheck")
+    p.add_argument("--check-json", type=Path, help="ropecheck check --sanitize's JSON record (its findings)")
     p = sub.add_parser("bench-table")
     p.add_argument("files", type=Path, nargs="+", help="pytest-benchmark JSON files, then the markdown to write")
     for name in ("report", "summary"):
@@ -386,7 +403,7 @@ def main(argv=None) -> int:
     if args.command == "envelope":
         envelope(args.out, args.rehearse)
     elif args.command == "sanitizer":
-        return sanitizer_record(args.name, args.log, args.out_json, args.expect, args.tool)
+        return sanitizer_record(args.name, args.log, args.out_json, args.expect, args.tool, args.check_json)
     elif args.command == "bench-table":
         *jsons, out_md = args.files
         text = bench_table(*jsons)

@@ -121,7 +121,7 @@ def test_a_compile_error_is_a_failed_result(aot, tmp_path):
 
 
 def test_sass_widths():
-    from ropecheck.kernels.aot import access_width, read_sass
+    from ropecheck.kernels.sass import access_width, read_sass
 
     assert [access_width(m) for m in (".E.128", ".E.128.CONSTANT", ".E.64", ".E", ".E.U16", ".E.S8")] == [
         128, 128, 64, 32, 16, 8]

@@ -1,4 +1,4 @@
-"""ropecheck.sanitizer: compute-sanitizer's command line around a worker, whether it can
+"""ropecheck.calling.sanitizer: compute-sanitizer's command line around a worker, whether it can
 run here, and the parser of its reports (on the samples in tests/data/sanitizer/, written
 in the documented formats: see that folder's README); and the two planted kernels of
 tests/gpu_kernels.py, numerically right and memory-unsafe.
@@ -8,7 +8,6 @@ stand-in executable that checks the option list and runs what follows ``--``."""
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ropecheck import sanitizer
+from ropecheck.calling import sanitizer, sanitizer_reports
 from ropecheck.kernels.triton_env import triton_missing
 
 DATA = Path(__file__).parent / "data" / "sanitizer"
@@ -120,8 +119,8 @@ def test_available_looks_for_the_executable(tmp_path, monkeypatch):
 
 
 def test_memcheck_past_row_read():
-    reports = sanitizer.parse(sample("memcheck_past_row_read"))
-    assert len(reports) == 2 == sanitizer.error_summary(sample("memcheck_past_row_read"))
+    reports = sanitizer_reports.parse(sample("memcheck_past_row_read"))
+    assert len(reports) == 2 == sanitizer_reports.error_summary(sample("memcheck_past_row_read"))
     first = reports[0]
     assert (first.tool, first.kind, first.access, first.space, first.size) == (
         "memcheck", "out-of-bounds", "read", "global", 2)
@@ -131,23 +130,23 @@ def test_memcheck_past_row_read():
     assert first.allocation == "is 0 bytes after the nearest allocation at 0x7f2a1c000000 of size 2,560 bytes"
     assert "\n" not in first.message and "out of bounds" in first.message
     assert "_past_row_read_kernel (gpu_kernels.py:83)" in first.message
-    (finding,) = sanitizer.findings(reports)
+    (finding,) = sanitizer_reports.findings(reports)
     assert finding.count == 2 and finding.first is first
     assert finding.message.endswith("(and 1 more like it)")
 
 
 def test_memcheck_past_head_store_and_api_error():
-    reports = sanitizer.parse(sample("memcheck_past_head_store"))
+    reports = sanitizer_reports.parse(sample("memcheck_past_head_store"))
     assert [r.kind for r in reports] == ["out-of-bounds", "out-of-bounds", "api-error"]
     assert [(r.access, r.size) for r in reports[:2]] == [("write", 4), ("write", 4)]
     assert reports[1].thread == (102, 0, 0) and "4 bytes after" in reports[1].allocation
     assert reports[2].other == ("cuStreamSynchronize",) and "error 719" in reports[2].message
-    assert [f.count for f in sanitizer.findings(reports)] == [2, 1]
-    assert sanitizer.error_summary(sample("memcheck_past_head_store")) == 3
+    assert [f.count for f in sanitizer_reports.findings(reports)] == [2, 1]
+    assert sanitizer_reports.error_summary(sample("memcheck_past_head_store")) == 3
 
 
 def test_memcheck_misaligned_shared_legacy_and_leak():
-    reports = sanitizer.parse(sample("memcheck_misaligned_legacy"))
+    reports = sanitizer_reports.parse(sample("memcheck_misaligned_legacy"))
     assert [r.kind for r in reports] == ["misaligned", "out-of-bounds", "out-of-bounds", "leak"]
     misaligned, shared, legacy, leak = reports
     assert (misaligned.kernel, misaligned.offset, misaligned.location) == ("unaligned_rope", "0x50", None)
@@ -159,7 +158,7 @@ def test_memcheck_misaligned_shared_legacy_and_leak():
 
 
 def test_racecheck_analysis():
-    reports = sanitizer.parse(sample("racecheck_analysis"))
+    reports = sanitizer_reports.parse(sample("racecheck_analysis"))
     assert [r.kind for r in reports] == ["race"] * 3
     assert all(r.tool == "racecheck" and r.space == "shared" for r in reports)
     one_line, split, three = reports
@@ -172,11 +171,11 @@ def test_racecheck_analysis():
     assert (three.access, three.kernel, three.location, three.hazards) == (
         "read", "warp_sum", "./warp_sum.cu:4", 8)
     assert len(three.other) == 2
-    assert sanitizer.error_summary(sample("racecheck_analysis")) == 3
+    assert sanitizer_reports.error_summary(sample("racecheck_analysis")) == 3
 
 
 def test_racecheck_hazards():
-    raw, waw = sanitizer.parse(sample("racecheck_hazard"))
+    raw, waw = sanitizer_reports.parse(sample("racecheck_hazard"))
     assert (raw.kind, raw.hazard, raw.address, raw.block, raw.thread, raw.access) == (
         "hazard", "RAW", "0x8c", (0, 0, 0), (35, 0, 0), "write")
     assert raw.other == ("read by thread (32, 0, 0)",)
@@ -184,27 +183,27 @@ def test_racecheck_hazards():
 
 
 def test_initcheck_and_synccheck():
-    reports = sanitizer.parse(sample("initcheck"))
+    reports = sanitizer_reports.parse(sample("initcheck"))
     assert [(r.tool, r.kind, r.access, r.size) for r in reports] == [
         ("initcheck", "uninitialized", "read", 4)] * 2
     assert reports[0].address == "0x7f3c7ec000fc"
-    (finding,) = sanitizer.findings(reports)
+    (finding,) = sanitizer_reports.findings(reports)
     assert finding.count == 2
-    (barrier,) = sanitizer.parse(sample("synccheck"))
+    (barrier,) = sanitizer_reports.parse(sample("synccheck"))
     assert (barrier.tool, barrier.kind, barrier.kernel, barrier.thread) == (
         "synccheck", "barrier", "tile_rope", (16, 0, 0))
 
 
 def test_clean_run():
-    assert sanitizer.parse(sample("clean")) == []
-    assert sanitizer.error_summary(sample("clean")) == 0
+    assert sanitizer_reports.parse(sample("clean")) == []
+    assert sanitizer_reports.error_summary(sample("clean")) == 0
 
 
 def test_tool_given_overrides_and_is_checked():
-    reports = sanitizer.parse(sample("memcheck_past_row_read"), tool="initcheck")
+    reports = sanitizer_reports.parse(sample("memcheck_past_row_read"), tool="initcheck")
     assert {r.tool for r in reports} == {"initcheck"}
     with pytest.raises(ValueError):
-        sanitizer.parse("", tool="valgrind")
+        sanitizer_reports.parse("", tool="valgrind")
 
 
 def test_broken_or_foreign_text_gives_no_reports():
@@ -212,20 +211,20 @@ def test_broken_or_foreign_text_gives_no_reports():
     program's own output, a truncated log, or a changed report are not taken for errors."""
     text = sample("memcheck_past_row_read")
     unprefixed = "\n".join(line.lstrip("= ") for line in text.splitlines())
-    assert sanitizer.parse(unprefixed) == [] and sanitizer.error_summary(unprefixed) is None
+    assert sanitizer_reports.parse(unprefixed) == [] and sanitizer_reports.error_summary(unprefixed) is None
     truncated = text[:text.index("Invalid")]
-    assert sanitizer.parse(truncated) == [] and sanitizer.error_summary(truncated) is None
-    changed = sanitizer.parse(text.replace("is out of bounds", "is misaligned"))
+    assert sanitizer_reports.parse(truncated) == [] and sanitizer_reports.error_summary(truncated) is None
+    changed = sanitizer_reports.parse(text.replace("is out of bounds", "is misaligned"))
     assert [r.kind for r in changed] == ["misaligned", "misaligned"]
-    reads_as_writes = sanitizer.parse(text.replace("read of size 2", "write of size 16"))
+    reads_as_writes = sanitizer_reports.parse(text.replace("read of size 2", "write of size 16"))
     assert [(r.access, r.size) for r in reads_as_writes] == [("write", 16)] * 2
 
 
 def test_read_log(tmp_path):
     log = tmp_path / "memcheck.log"
     log.write_text(sample("memcheck_past_head_store"))
-    assert len(sanitizer.read_log(str(log))) == 3
-    assert sanitizer.read_log(str(tmp_path / "absent.log")) == []
+    assert len(sanitizer_reports.read_log(str(log))) == 3
+    assert sanitizer_reports.read_log(str(tmp_path / "absent.log")) == []
 
 
 # ---------------------------------------------------------------- the planted kernels
@@ -277,10 +276,68 @@ def test_past_head_store_writes_past_its_output(planted, head_dim, stray):
     assert (past[:stray] == 0).all() and torch.isnan(past[stray:]).all()
 
 
-def test_the_module_imports_nothing_else_of_ropecheck():
-    """ropecheck.sanitizer stands alone (the --sanitize option builds on it, not it on ropecheck)."""
-    from tests.test_layering import imported_modules
+# ---------------------------------------------------------------- the worker under the sanitizer
 
-    source = Path(sanitizer.__file__).read_text()
-    assert [name for _, name in imported_modules(source, "ropecheck.sanitizer")
-            if name.split(".")[0] == "ropecheck"] == []
+PLANTED = '''
+import os
+
+
+def rope(x, positions):  # numerically right; "reads past its row", as a memcheck report says
+    with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
+        log.write(REPORT)
+    return x.clone()
+
+
+def clean(x, positions):
+    return x.clone()
+'''
+STAND_IN = """#!/usr/bin/env bash
+while [ "$1" != -- ]; do [ "$1" = --log-file ] && export FAKE_SANITIZER_LOG=$2; shift; done; shift
+exec "$@"
+"""
+
+
+def test_a_report_during_a_call_is_that_call_s_finding(tmp_path, monkeypatch):
+    """The worker runs under the sanitizer (a stand-in that exports its --log-file's path
+    and runs the worker); a report written during a call makes that call a contract
+    breach of kind "sanitizer", naming the kernel and the access; a call without one is
+    clean."""
+    from ropecheck.properties.interface import CallError
+    from ropecheck.session.loading import load
+
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(STAND_IN)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("COMPUTE_SANITIZER", str(fake))
+    kernel = tmp_path / "planted.py"
+    kernel.write_text(PLANTED + f"\nREPORT = {sample('memcheck_past_row_read')!r}\n")
+    x, p = torch.randn(1, 2, 1, 8), torch.zeros(1, 2, dtype=torch.int64)
+    clean = load(f"{kernel}:clean", worker=True, sanitize="memcheck")
+    try:
+        assert torch.equal(clean.caller()(x, p), x)
+    finally:
+        clean.close()
+    planted = load(f"{kernel}:rope", worker=True, sanitize="memcheck")
+    try:
+        with pytest.raises(CallError) as raised:
+            planted.caller()(x, p)
+    finally:
+        planted.close()
+    assert raised.value.kind == "sanitizer"
+    message = str(raised.value)
+    assert "compute-sanitizer memcheck" in message and "_past_row_read_kernel" in message
+    assert "read of size 2" in message and "and 1 more like it" in message
+
+
+def test_sanitize_without_cuda_or_a_device_is_exit_2_with_the_reason():
+    from click.testing import CliRunner
+
+    from ropecheck.cli import main
+
+    result = CliRunner().invoke(main, ["check", "--sanitize", "--dtype", "float32"])
+    assert result.exit_code == 2 and "give --device cuda" in result.output
+    if not torch.cuda.is_available():
+        result = CliRunner().invoke(main, ["check", "--sanitize", "--device", "cuda", "--dtype", "float32"])
+        assert result.exit_code == 2 and "no CUDA device here" in result.output
+    result = CliRunner().invoke(main, ["check", "--sanitize", "--in-process", "--dtype", "float32"])
+    assert result.exit_code == 2 and "cannot run a target called in this process" in result.output

@@ -36,15 +36,13 @@ import importlib.util
 import itertools
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
+
+from ropecheck.kernels.sass import Result, inspect_cubin, table, tool
 
 ARCHS = {"sm_90a": 90, "sm_80": 80}  # Triton compiles capability 90 as sm_90a
 DTYPES = ("bfloat16", "float16", "float32")
@@ -78,8 +76,9 @@ class Case:
 
     @property
     def name(self) -> str:
-        rotary = f"{self.head_dim}" if self.rotary_dim in (None, self.head_dim) \
-            else f"{self.head_dim}/r{self.rotary_dim}"
+        rotary = (
+            f"{self.head_dim}" if self.rotary_dim in (None, self.head_dim) else f"{self.head_dim}/r{self.rotary_dim}"
+        )
         return f"{self.dtype} {self.layout} {rotary} {self.form} {self.direction}"
 
 
@@ -92,20 +91,31 @@ def cases(scope: str = "all") -> list:
     main = Case()
     if scope == "main":
         return [main]
-    extra = [Case(batch=64, seq=1, form="decode"),
-             Case(dtype="float32", head_dim=80, form="x", batch=2, seq=7, heads_q=3, heads_k=3)]
+    extra = [
+        Case(batch=64, seq=1, form="decode"),
+        Case(dtype="float32", head_dim=80, form="x", batch=2, seq=7, heads_q=3, heads_k=3),
+    ]
     if scope == "ci":
-        return [main, Case(direction="backward"), Case(dtype="float16"),
-                Case(dtype="float32", form="x"), Case(layout="interleaved"),
-                Case(head_dim=64), Case(head_dim=256), Case(rotary_dim=64),
-                Case(form="packed"), Case(rotary_dim=64, form="inplace"),
-                Case(dtype="float32", layout="interleaved", head_dim=64, form="x", direction="backward"),
-                Case(dtype="float16", layout="interleaved", rotary_dim=64, form="packed",
-                     direction="backward")] + extra
+        return [
+            main,
+            Case(direction="backward"),
+            Case(dtype="float16"),
+            Case(dtype="float32", form="x"),
+            Case(layout="interleaved"),
+            Case(head_dim=64),
+            Case(head_dim=256),
+            Case(rotary_dim=64),
+            Case(form="packed"),
+            Case(rotary_dim=64, form="inplace"),
+            Case(dtype="float32", layout="interleaved", head_dim=64, form="x", direction="backward"),
+            Case(dtype="float16", layout="interleaved", rotary_dim=64, form="packed", direction="backward"),
+        ] + extra
     if scope != "all":
         raise ValueError(f"unknown scope {scope!r}: all, ci or main")
-    grid = [Case(dtype=d, layout=lay, head_dim=h, rotary_dim=r, form=f, direction=dr)
-            for d, lay, (h, r), f, dr in itertools.product(DTYPES, LAYOUTS, HEADS, FORMS, DIRECTIONS)]
+    grid = [
+        Case(dtype=d, layout=lay, head_dim=h, rotary_dim=r, form=f, direction=dr)
+        for d, lay, (h, r), f, dr in itertools.product(DTYPES, LAYOUTS, HEADS, FORMS, DIRECTIONS)
+    ]
     grid.sort(key=lambda c: c != main)
     return grid + extra
 
@@ -123,6 +133,7 @@ class _Recorder:
     def __getitem__(self, grid):
         def call(*args, **kwargs):
             self.calls.append((grid, args, kwargs))
+
         return call
 
 
@@ -146,7 +157,7 @@ class _MetaMemory:
         for n in shape:
             numel *= n
         start = self.count * self.STRIDE
-        return self.base[start:start + numel * size].view(dtype).view(shape)
+        return self.base[start : start + numel * size].view(dtype).view(shape)
 
 
 @dataclass
@@ -160,8 +171,13 @@ class Launch:
     options: object = None
 
     def key(self) -> str:
-        return repr((sorted(self.signature.items()), sorted(self.constexprs.items()),
-                     sorted((k, repr(v)) for k, v in self.attrs.items())))
+        return repr(
+            (
+                sorted(self.signature.items()),
+                sorted(self.constexprs.items()),
+                sorted((k, repr(v)) for k, v in self.attrs.items()),
+            )
+        )
 
 
 def record(case: Case) -> list:
@@ -188,8 +204,7 @@ def record(case: Case) -> list:
         q = memory.empty((b, s, hq, d), dtype)
         k = memory.empty((b, s, hk, d), dtype) if case.form in ("qk", "inplace") else None
         positions = memory.empty((b, s), torch.int64)
-    plan = rope._Plan(q, positions, offsets, cu_seqlens, max_seqlen, case.layout, 10000.0,
-                      case.rotary_dim)
+    plan = rope._Plan(q, positions, offsets, cu_seqlens, max_seqlen, case.layout, 10000.0, case.rotary_dim)
     if case.form == "inplace":
         q_out, k_out = q, k
     else:
@@ -220,6 +235,8 @@ def compiled_module(path: str, name: str = "_ropecheck_aot_module"):
         os.environ["TRITON_INTERPRET"] = "0"
         try:
             spec = importlib.util.spec_from_file_location(f"{name}_{len(_COMPILED_MODULES)}", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         finally:
@@ -254,69 +271,6 @@ def specialize(kernel, call, capability: int) -> Launch:
     return Launch(tuple(grid), signature, constexprs, attrs, options)
 
 
-def _tool(name: str) -> Optional[str]:
-    """A CUDA binary tool: Triton's bundled copy first, then the PATH."""
-    try:
-        import triton.backends.nvidia as nvidia
-
-        bundled = os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
-        if os.access(bundled, os.X_OK):
-            return bundled
-    except ImportError:  # pragma: no cover - triton without its nvidia backend
-        pass
-    return shutil.which(name)
-
-
-_ACCESS = re.compile(r"\b(?P<op>LDG|STG|LDGSTS)(?P<mods>(?:\.[A-Z0-9_]+)*)")
-_LOCAL = re.compile(r"\b(?:LDL|STL)\b")
-_RESOURCES = re.compile(r"REG:(?P<reg>\d+)\s+STACK:(?P<stack>\d+)\s+SHARED:(?P<shared>\d+)\s+LOCAL:(?P<local>\d+)")
-
-
-def access_width(mods: str) -> int:
-    """Bits of one global access from its SASS modifiers (".E.128" -> 128): .128 / .64 /
-    .U16 / .S16 / .U8 / .S8, else 32."""
-    tokens = set(mods.split("."))
-    for token, bits in (("128", 128), ("64", 64), ("U16", 16), ("S16", 16), ("U8", 8), ("S8", 8)):
-        if token in tokens:
-            return bits
-    return 32
-
-
-def read_sass(sass: str) -> dict:
-    """Global loads and stores of a SASS listing by width (bits -> count), and the local
-    memory instructions (LDL / STL: register spills)."""
-    loads, stores = Counter(), Counter()
-    for line in sass.splitlines():
-        match = _ACCESS.search(line)
-        if match:
-            (stores if match["op"] == "STG" else loads)[access_width(match["mods"])] += 1
-    return {"loads": dict(sorted(loads.items())), "stores": dict(sorted(stores.items())),
-            "local_instructions": len(_LOCAL.findall(sass))}
-
-
-@dataclass
-class Result:
-    """One case compiled for one architecture."""
-
-    case: str
-    arch: str
-    ok: bool
-    seconds: float = 0.0
-    error: str = ""
-    registers: Optional[int] = None
-    spill_bytes: Optional[int] = None      # local memory per thread (cuobjdump LOCAL + STACK)
-    local_instructions: Optional[int] = None  # LDL/STL in the SASS
-    shared_bytes: Optional[int] = None     # what the launch asks for (Triton's metadata)
-    num_warps: Optional[int] = None
-    loads: dict = field(default_factory=dict)   # bits -> global load instructions
-    stores: dict = field(default_factory=dict)  # bits -> global store instructions
-    widest_load: Optional[int] = None
-    widest_store: Optional[int] = None
-    constexprs: dict = field(default_factory=dict)
-    aligned: list = field(default_factory=list)  # arguments with tt.divisibility 16
-    grid: tuple = ()
-
-
 def compile_launch(launch: Launch, capability: int, kernel=None):
     """``triton.compile`` of a Launch for ``capability``: the CompiledKernel (cached)."""
     import triton
@@ -325,59 +279,7 @@ def compile_launch(launch: Launch, capability: int, kernel=None):
 
     kernel = kernel or compiled_kernel()
     source = ASTSource(kernel, launch.signature, launch.constexprs, launch.attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options=launch.options.__dict__)
-
-
-def _inspection_cache(key: str) -> Optional[str]:
-    """Where the inspection of the cubin with Triton cache key ``key`` is kept: beside
-    Triton's cache (``TRITON_CACHE_DIR`` or ~/.triton/cache), in ropecheck-aot/."""
-    try:
-        import triton
-
-        folder = triton.knobs.cache.dir
-    except Exception:  # pragma: no cover - older Triton without knobs
-        folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-    if not folder or not key:
-        return None
-    return os.path.join(folder, "ropecheck-aot", f"{key}.json")
-
-
-def inspect_cubin(cubin: bytes, key: str = "") -> dict:
-    """Registers, stack / local / shared bytes (cuobjdump --dump-resource-usage) and the
-    global accesses of the SASS (cuobjdump --dump-sass) of a cubin; kept under ``key``
-    (the compiled kernel's hash) so that a second run reads it back."""
-    cached = _inspection_cache(key)
-    if cached and os.path.exists(cached):
-        with open(cached) as handle:
-            info = json.load(handle)
-        for name in ("loads", "stores"):
-            info[name] = {int(bits): n for bits, n in info[name].items()}
-        return info
-    cuobjdump = _tool("cuobjdump")
-    if cuobjdump is None:
-        raise RuntimeError("cuobjdump not found (it comes in Triton's wheel and with CUDA)")
-    with tempfile.TemporaryDirectory(prefix="ropecheck-aot-") as folder:
-        path = os.path.join(folder, "kernel.cubin")
-        with open(path, "wb") as handle:
-            handle.write(cubin)
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True,
-                               text=True, check=True).stdout
-        sass = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True,
-                              check=True).stdout
-    resources = _RESOURCES.search(usage)
-    if resources is None:
-        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage[:300]!r}")
-    info = read_sass(sass)
-    info.update(registers=int(resources["reg"]), stack=int(resources["stack"]),
-                local=int(resources["local"]), static_shared=int(resources["shared"]))
-    if cached:
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(cached), exist_ok=True)
-            with open(cached + ".tmp", "w") as handle:
-                json.dump(info, handle)
-            os.replace(cached + ".tmp", cached)
-    return info
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=launch.options.__dict__)
 
 
 def compile_case(case: Case, arch: str) -> list:
@@ -396,21 +298,39 @@ def compile_case(case: Case, arch: str) -> list:
             compiled = compile_launch(launch, capability, kernel)
             info = inspect_cubin(compiled.asm["cubin"], getattr(compiled, "hash", ""))
         except Exception as exc:
-            results.append(Result(case.name, arch, False, time.perf_counter() - start,
-                                  error=f"{type(exc).__name__}: {str(exc).strip()[:2000]}"))
+            results.append(
+                Result(
+                    case.name,
+                    arch,
+                    False,
+                    time.perf_counter() - start,
+                    error=f"{type(exc).__name__}: {str(exc).strip()[:2000]}",
+                )
+            )
             continue
         names = list(kernel.arg_names)
-        aligned = [names[path[0]] for path, attrs in launch.attrs.items()
-                   if ["tt.divisibility", 16] in attrs]
+        aligned = [names[path[0]] for path, attrs in launch.attrs.items() if ["tt.divisibility", 16] in attrs]
         constexprs = {names[path[0]]: value for path, value in launch.constexprs.items()}
-        results.append(Result(
-            case.name, arch, True, time.perf_counter() - start,
-            registers=info["registers"], spill_bytes=info["local"] + info["stack"],
-            local_instructions=info["local_instructions"],
-            shared_bytes=int(compiled.metadata.shared), num_warps=int(compiled.metadata.num_warps),
-            loads=info["loads"], stores=info["stores"],
-            widest_load=max(info["loads"], default=None), widest_store=max(info["stores"], default=None),
-            constexprs=constexprs, aligned=aligned, grid=launch.grid))
+        results.append(
+            Result(
+                case.name,
+                arch,
+                True,
+                time.perf_counter() - start,
+                registers=info["registers"],
+                spill_bytes=info["local"] + info["stack"],
+                local_instructions=info["local_instructions"],
+                shared_bytes=int(compiled.metadata.shared),
+                num_warps=int(compiled.metadata.num_warps),
+                loads=info["loads"],
+                stores=info["stores"],
+                widest_load=max(info["loads"], default=None),
+                widest_store=max(info["stores"], default=None),
+                constexprs=constexprs,
+                aligned=aligned,
+                grid=launch.grid,
+            )
+        )
     return results
 
 
@@ -426,31 +346,12 @@ def compile_all(scope: str = "all", archs=tuple(ARCHS), progress=None) -> list:
     return results
 
 
-def _widths(counts: dict) -> str:
-    return " ".join(f"{bits}x{n}" for bits, n in sorted(counts.items(), reverse=True)) or "-"
-
-
-def table(results) -> str:
-    """A markdown table of results."""
-    lines = ["| case | arch | regs | spills (bytes, LDL/STL) | shared | warps | widest load | widest store "
-             "| loads (bits x count) | stores | compile s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if not r.ok:
-            lines.append(f"| {r.case} | {r.arch} | FAILED: {r.error.splitlines()[0][:200]} |||||||||")
-            continue
-        lines.append(f"| {r.case} | {r.arch} | {r.registers} | {r.spill_bytes}, {r.local_instructions} "
-                     f"| {r.shared_bytes} | {r.num_warps} | {r.widest_load} | {r.widest_store} "
-                     f"| {_widths(r.loads)} | {_widths(r.stores)} | {r.seconds:.2f} |")
-    return "\n".join(lines)
-
-
 def versions() -> dict:
     """The toolchain that compiled: triton, and the ptxas it used."""
     import triton
 
     info = {"triton": triton.__version__}
-    ptxas = _tool("ptxas")
+    ptxas = tool("ptxas")
     if ptxas:
         with contextlib.suppress(Exception):
             out = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
@@ -461,26 +362,36 @@ def versions() -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ropecheck.kernels.aot", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scope", choices=("all", "ci", "main"), default="all")
-    parser.add_argument("--arch", action="append", choices=tuple(ARCHS),
-                        help="repeatable; default: every one (sm_90a, sm_80)")
+    parser.add_argument(
+        "--arch", action="append", choices=tuple(ARCHS), help="repeatable; default: every one (sm_90a, sm_80)"
+    )
     parser.add_argument("--json", help="write the results here as JSON")
     parser.add_argument("--markdown", help="write the table here as markdown")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    results = compile_all(args.scope, tuple(args.arch or ARCHS),
-                          progress=lambda r: print(f"  {r.arch} {r.case}: "
-                                                   f"{'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s)",
-                                                   file=sys.stderr, flush=True))
+    results = compile_all(
+        args.scope,
+        tuple(args.arch or ARCHS),
+        progress=lambda r: print(
+            f"  {r.arch} {r.case}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s)", file=sys.stderr, flush=True
+        ),
+    )
     text = table(results)
     print(text)
     failed = [r for r in results if not r.ok]
     elapsed = time.perf_counter() - start
-    print(f"\n{len(results)} compiled kernels, {len(failed)} failed, {elapsed:.1f} s "
-          f"({', '.join(f'{k} {v}' for k, v in versions().items())})")
+    print(
+        f"\n{len(results)} compiled kernels, {len(failed)} failed, {elapsed:.1f} s "
+        f"({', '.join(f'{k} {v}' for k, v in versions().items())})"
+    )
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"versions": versions(), "seconds": elapsed,
-                       "results": [asdict(r) for r in results]}, handle, indent=1, default=str)
+            json.dump(
+                {"versions": versions(), "seconds": elapsed, "results": [asdict(r) for r in results]},
+                handle,
+                indent=1,
+                default=str,
+            )
     if args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write(text + "\n")
