@@ -202,14 +202,21 @@ def _target_parts(spec: str, call, family, builtin_options: dict) -> tuple:
 
 
 def load(
-    spec, *, worker: bool = False, call: Optional[str] = None, family: Optional[str] = None, builtin_options=None
+    spec,
+    *,
+    worker: bool = False,
+    call: Optional[str] = None,
+    family: Optional[str] = None,
+    builtin_options=None,
+    sanitize: Optional[str] = None,
 ) -> Target:
     """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
-    process whose calls it makes (a Python object is always built here: a worker cannot
-    receive it). Raises TargetLoadError."""
+    process whose calls it makes, under compute-sanitizer's ``sanitize`` tool if given (a
+    Python object is always built here: a worker cannot receive it). Raises TargetLoadError."""
     if not worker or not is_named(spec):
         return load_here(spec, call, family, builtin_options)
-    process = Worker("ropecheck.session.loading:_target_parts", (spec, call, family, builtin_options or {}))
+    loader = "ropecheck.session.loading:_target_parts"
+    process = Worker(loader, (spec, call, family, builtin_options or {}), sanitize=sanitize)
     try:
         target = process.start()
     except WorkerError as exc:
