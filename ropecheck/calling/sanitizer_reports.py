@@ -1,69 +1,18 @@
 """What compute-sanitizer reports, read from its output (stdout or ``--log-file``):
-``parse(text)`` into ``SanitizerReport`` records, ``error_summary(text)`` (its ``ERROR
-SUMMARY`` count), ``findings`` (one per root cause: kernel, kind, access, source line) and
-``read_log``. The formats are the ones NVIDIA's Compute Sanitizer documentation shows
+``parse(text)`` into ``SanitizerReport`` records (``ropecheck.calling.sanitizer_findings``,
+with ``findings``: one per root cause), ``error_summary(text)`` (its ``ERROR SUMMARY``
+count) and ``read_log``. The formats are the ones NVIDIA's Compute Sanitizer documentation shows
 (``ropecheck.calling.sanitizer`` lists them)."""
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Optional
 
 from ropecheck.calling.sanitizer import TOOLS
+from ropecheck.calling.sanitizer_findings import Finding, SanitizerReport, findings
 
-
-@dataclass(frozen=True)
-class SanitizerReport:
-    """One error compute-sanitizer printed.
-
-    tool: memcheck / racecheck / initcheck / synccheck (the tool that prints such a
-    report; ``parse`` takes it from the report's form when not told). kind:
-    ``out-of-bounds``, ``misaligned``, ``not-readable``, ``not-writable``,
-    ``invalid-access`` (an access error of another kind), ``race`` (racecheck
-    analysis), ``hazard`` (racecheck hazard: WAW / WAR / RAW in ``hazard``),
-    ``uninitialized``, ``barrier``, ``api-error``, ``leak``, ``sanitizer-error``. kernel:
-    the kernel's name as printed (None when the report names none); offset: the
-    instruction offset in it ("0x90"); location: ``file:line`` when the kernel has line
-    information. access: read / write / atomic (for races, the first
-    access). space: global / shared / local. size: bytes accessed. address: as printed.
-    thread, block: (x, y, z). allocation: the memcheck line placing the address against
-    the nearest allocation. hazard: WAW / WAR / RAW (racecheck hazard reports). hazards:
-    racecheck's hazard count. other: the other access(es) of a race or hazard; for an API
-    error, the call that failed. message: the report in one line."""
-
-    tool: str
-    kind: str
-    message: str
-    kernel: Optional[str] = None
-    offset: Optional[str] = None
-    location: Optional[str] = None
-    access: Optional[str] = None
-    space: Optional[str] = None
-    size: Optional[int] = None
-    address: Optional[str] = None
-    thread: Optional[tuple] = None
-    block: Optional[tuple] = None
-    allocation: Optional[str] = None
-    hazard: Optional[str] = None
-    hazards: Optional[int] = None
-    other: tuple = field(default_factory=tuple)
-
-    def key(self) -> tuple:
-        """What makes two reports one finding: the same tool, kind, kernel, access and
-        source place (threads, blocks and addresses differ between the reports of one bug)."""
-        return (
-            self.tool,
-            self.kind,
-            self.hazard,
-            self.kernel,
-            self.access,
-            self.space,
-            self.size,
-            self.location or self.offset,
-            self.other,
-        )
+__all__ = ["Finding", "SanitizerReport", "error_summary", "findings", "parse", "read_log"]
 
 
 # A line of sanitizer output: the prefix (default "=========", configurable with --prefix),
@@ -400,26 +349,6 @@ def error_summary(text: str) -> Optional[int]:
             if m:
                 count = _int(m["n"])
     return count
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Reports of one root cause: the first one, and how many there were."""
-
-    first: SanitizerReport
-    count: int
-
-    @property
-    def message(self) -> str:
-        return self.first.message + (f" (and {self.count - 1} more like it)" if self.count > 1 else "")
-
-
-def findings(reports: Iterable[SanitizerReport]) -> list:
-    """One Finding per root cause (``SanitizerReport.key``), in order of first report."""
-    groups: "OrderedDict[tuple, list]" = OrderedDict()
-    for report in reports:
-        groups.setdefault(report.key(), []).append(report)
-    return [Finding(first=group[0], count=len(group)) for group in groups.values()]
 
 
 def read_log(path: str, tool: Optional[str] = None) -> list:

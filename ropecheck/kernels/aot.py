@@ -31,18 +31,16 @@ a second run reads them back. Imports nothing of ropecheck but ``ropecheck.kerne
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from ropecheck.kernels.sass import Result, inspect_cubin, table, tool
+from ropecheck.kernels.sass import Result, inspect_cubin, table, versions
 
 ARCHS = {"sm_90a": 90, "sm_80": 80}  # Triton compiles capability 90 as sm_90a
 DTYPES = ("bfloat16", "float16", "float32")
@@ -344,19 +342,6 @@ def compile_all(scope: str = "all", archs=tuple(ARCHS), progress=None) -> list:
                 if progress:
                     progress(result)
     return results
-
-
-def versions() -> dict:
-    """The toolchain that compiled: triton, and the ptxas it used."""
-    import triton
-
-    info = {"triton": triton.__version__}
-    ptxas = tool("ptxas")
-    if ptxas:
-        with contextlib.suppress(Exception):
-            out = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
-            info["ptxas"] = out.strip().splitlines()[-1]
-    return info
 
 
 def main(argv=None) -> int:

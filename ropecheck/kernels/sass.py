@@ -160,3 +160,16 @@ def table(results) -> str:
             f"| {_widths(r.loads)} | {_widths(r.stores)} | {r.seconds:.2f} |"
         )
     return "\n".join(lines)
+
+
+def versions() -> dict:
+    """The toolchain that compiled: triton, and the ptxas it used."""
+    import triton
+
+    info = {"triton": triton.__version__}
+    ptxas = tool("ptxas")
+    if ptxas:
+        with contextlib.suppress(Exception):
+            out = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+            info["ptxas"] = out.strip().splitlines()[-1]
+    return info
