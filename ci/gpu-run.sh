@@ -32,6 +32,9 @@
 # rehearsing, /tmp/ropecheck-site otherwise), GPU_RUN_BUDGET (seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# run from inside a pytest-xdist worker (the project's tests rehearse this script under -n 2),
+# its variables would make pytest-benchmark disable every benchmark of the bench steps
+unset PYTEST_XDIST_WORKER PYTEST_XDIST_WORKER_COUNT PYTEST_XDIST_TESTRUNUID
 repo=$(pwd)
 
 usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }

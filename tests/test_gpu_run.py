@@ -140,7 +140,8 @@ def test_benchmark_table_of_a_gpu_run(tmp_path):
     """))
     subprocess.run([sys.executable, "-m", "pytest", "-q", str(bench), "--benchmark-enable", "-p", "no:xdist",
                     "-p", "no:cacheprovider", "--benchmark-json", str(tmp_path / "b.json"), "--rootdir",
-                    str(tmp_path), "-c", os.devnull], check=True, capture_output=True, cwd=tmp_path)
+                    str(tmp_path), "-c", os.devnull], check=True, capture_output=True, cwd=tmp_path,
+                   env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")})  # else no benchmark in xdist
     sys.path.insert(0, str(ROOT / "ci"))
     try:
         import gpu_report
