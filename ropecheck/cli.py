@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ropecheck.calling.in_process import on_abort
+from ropecheck.report import gate
 from ropecheck.report.output import (
     EXIT_STATUS,
     print_failures,
@@ -246,6 +247,7 @@ def check(options):
     records = Records(options.json, options.junit, name_of(options))
     on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
     try:
+        loaded = gate.baseline_of(options)
         session = prepare(options, console.print)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
@@ -293,6 +295,7 @@ def check(options):
     console.print(results_table(session))
     print_failures(console, session)
     print_notes(console, session)
+    gate.print_comparison(console, gate.judge(session, loaded))
     if session.stopped:
         console.print(f"[bold red]stopped early:[/] {session.stopped}")
     if options.json:
