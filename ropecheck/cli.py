@@ -324,6 +324,14 @@ def report(options):
     from ropecheck.report.catalog import entries
 
     console = Console(highlight=False)
+    try:
+        loaded = gate.baseline_of(options)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise click.UsageError(
+            f"--baseline: {options.baseline} is a check record; `ropecheck report` takes a report.json"
+        )
     # the N-D, xPos and builder families are judged by `ropecheck check --family` (docs/families.md)
     catalog = {e.name: e for e in entries() if e.family == "rope"}
     names = options.report_targets or []
@@ -357,6 +365,13 @@ def report(options):
         f"wrote {options.out}/report.md, report.json and plots: {len(reports)} targets, "
         f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else "")
     )
+    if loaded is not None:
+        try:
+            comparisons, missing = gate.compare_reports(loaded, data, options.regression_factor)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
+        if gate.print_report_comparison(console, comparisons, missing, options.baseline):
+            sys.exit(EXIT_FAILED)
 
 
 @table_command(

@@ -66,7 +66,7 @@ def _number(value) -> Optional[float]:
     return None if value is None else float(value)  # "inf" (strict JSON) -> inf
 
 
-def _figures(status: str, max_error, accuracy: Optional[dict]) -> Figures:
+def figures_of(status: str, max_error, accuracy: Optional[dict]) -> Figures:
     out = Figures(status, _number(max_error))
     if accuracy and accuracy.get("positions") and accuracy.get("relative_error"):
         out.swept, out.horizon = True, accuracy.get("horizon")
@@ -80,7 +80,9 @@ def run_of_record(record: dict, source: str) -> Run:
         raise UsageError(f"{source} is the record of a run that ended before any verdict: {record.get('reason')}")
     call = record.get("call") or "x"
     figures = {
-        (r["property"], r["dtype"], r.get("mode", "eager"), call): _figures(r["status"], r["max_error"], r["accuracy"])
+        (r["property"], r["dtype"], r.get("mode", "eager"), call): figures_of(
+            r["status"], r["max_error"], r["accuracy"]
+        )
         for r in record["results"]
     }
     options = record.get("options") or {}
@@ -114,7 +116,7 @@ def runs_of_report(report: dict, source: str) -> dict:
                 accuracy = None
                 if prop == "reference" and summary.get("error_profile"):
                     accuracy = {**summary["error_profile"], "horizon": summary.get("accuracy_horizon")}
-                figures[(prop, dtype, "eager", "")] = _figures(result["status"], result["max_error"], accuracy)
+                figures[(prop, dtype, "eager", "")] = figures_of(result["status"], result["max_error"], accuracy)
         drawn = {"profile": env.get("profile"), "seed": env.get("seed"), "sizes": None, "max_examples": None}
         runs[name] = Run(source, name, figures, drawn, unsupported, target.get("convention"))
     return runs
@@ -204,7 +206,7 @@ class Comparison:
     @property
     def shown(self) -> list:
         """The deltas worth a row: every finding, and figures that moved beyond one rounding."""
-        return [d for d in self.deltas if d.finding or d.factor != 1.0]
+        return [d for d in self.deltas if d.finding or d.factor is None or f"{d.factor:.3g}" != "1"]
 
     def for_key(self, key: Key) -> list:
         return [d for d in self.deltas if d.key == key]
@@ -294,7 +296,9 @@ def _columns(keys) -> dict:
 
 def describe(column) -> str:
     dtype, mode, call = column
-    return " ".join(filter(None, [dtype, "" if mode == "eager" else mode, f"call {call}" if call else ""]))
+    return " ".join(
+        filter(None, [dtype, "" if mode == "eager" else mode, f"call {call}" if call not in ("", "x") else ""])
+    )
 
 
 def compare(before: Run, after: Run, factor: float = DEFAULT_FACTOR, only=None) -> Comparison:
@@ -336,6 +340,9 @@ def _missing(out: Comparison, before: Run, after: Run) -> None:
         out.notes.append(f"the baseline checked {before.target!r}, this run {after.target!r}")
     if before.convention and after.convention and before.convention != after.convention:
         out.notes.append(f"the baseline declared {before.convention}, this run {after.convention}")
+    calls = ({k[3] for k in before.figures}, {k[3] for k in after.figures})
+    if calls[0] and calls[1] and not calls[0] & calls[1]:
+        out.notes.append(f"the baseline called the target as {', '.join(calls[0])}, this run as {', '.join(calls[1])}")
     was, now = _columns(before.figures), _columns(after.figures)
     for column, props in was.items():
         if column not in now:

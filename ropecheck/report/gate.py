@@ -10,7 +10,17 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from ropecheck.report.baseline import Comparison, Run, check_factor, compare, describe, load, run_of_record
+from ropecheck.report.baseline import (
+    Comparison,
+    Run,
+    check_factor,
+    compare,
+    describe,
+    figures_of,
+    load,
+    run_of_record,
+    runs_of_report,
+)
 from ropecheck.session.options import UsageError
 
 
@@ -80,24 +90,43 @@ def delta_table(comparison: Comparison, limit: int = 40):
     from rich.table import Table
 
     table = Table(title=f"against the baseline {comparison.baseline}", title_justify="left")
-    for column in ("check", "figure", "before -> after", "factor", "finding"):
+    for column in ("check", "figure", "before -> after", "factor", ""):
         table.add_column(column, justify="right" if column == "factor" else "left")
-    order = {"regression": 0, "improvement": 1, "": 2}
-    rows = sorted(comparison.shown, key=lambda d: order[d.finding])
-    for d in rows[:limit]:
-        prop, dtype, mode, call = d.key
-        factor = "" if d.factor is None else "inf" if not math.isfinite(d.factor) else f"{d.factor:.3g}x"
-        style = {"regression": "[bold red]REGRESSION[/]", "improvement": "[green]improved[/]"}.get(d.finding, "")
-        table.add_row(
-            f"{prop} {describe((dtype, mode, ''))}",
-            d.kind + (f" at {d.where}" if d.where else ""),
-            f"{_shown(d.before, d.kind)} -> {_shown(d.after, d.kind)}",
-            factor,
-            style,
-        )
+    rows = _rows(comparison)
+    for row in rows[:limit]:
+        table.add_row(*row)
     if len(rows) > limit:
         table.add_row(f"... {len(rows) - limit} more in the JSON record", "", "", "", "")
     return table
+
+
+FIGURE_NAMES = {
+    "verdict": "verdict",
+    "refused": "run",
+    "max_error": "largest error",
+    "horizon": "horizon",
+    "profile": "error at",
+}
+TABLE_WIDTH = 100  # the delta table's columns unwrapped (a CI log is a pipe: 80 columns)
+
+
+def _rows(comparison: Comparison) -> list:
+    """The delta table's rows: check, figure, before -> after, factor, finding; regressions first."""
+    order = {"regression": 0, "improvement": 1, "": 2}
+    rows = []
+    for d in sorted(comparison.shown, key=lambda d: order[d.finding]):
+        prop, dtype, mode, call = d.key
+        factor = "" if d.factor is None else "inf" if not math.isfinite(d.factor) else f"{d.factor:.3g}x"
+        rows.append(
+            (
+                f"{prop} {describe((dtype, mode, ''))}",
+                FIGURE_NAMES[d.kind] + (f" {d.where.replace('position ', 'm=')}" if d.where else ""),
+                f"{_shown(d.before, d.kind)} -> {_shown(d.after, d.kind)}",
+                factor,
+                {"regression": "[bold red]REGRESSION[/]", "improvement": "[green]improved[/]"}.get(d.finding, ""),
+            )
+        )
+    return rows
 
 
 def summary_line(comparison: Comparison) -> str:
@@ -114,11 +143,22 @@ def summary_line(comparison: Comparison) -> str:
     return line
 
 
+def _wide(console, table, width: int) -> None:
+    """Print ``table`` unwrapped where the output is not a terminal (a CI log)."""
+    was = console.width
+    if not console.is_terminal and was < width:
+        console.width = width
+    try:
+        console.print(table)
+    finally:
+        console.width = was
+
+
 def print_comparison(console, comparison: Optional[Comparison]) -> None:
     if comparison is None:
         return
     if comparison.shown:
-        console.print(delta_table(comparison))
+        _wide(console, delta_table(comparison), TABLE_WIDTH)
     for label, lines in (("not compared", comparison.not_compared), ("note", comparison.notes)):
         for line in lines:
             console.print(f"  {label}: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -127,11 +167,74 @@ def print_comparison(console, comparison: Optional[Comparison]) -> None:
 
 
 def regression_text(deltas: list) -> str:
-    """A regression as a failure's text (the pytest plugin's)."""
+    """Regressions as a failure's text (the pytest plugin's)."""
     lines = []
     for d in deltas:
         factor = "" if d.factor is None else f" ({d.factor:.3g}x)"
-        where = f" at {d.where}" if d.where else ""
-        change = f"{_shown(d.before, d.kind)} -> {_shown(d.after, d.kind)}"
-        lines.append(f"regression against the baseline: {d.kind}{where} {change}{factor}")
+        figure = FIGURE_NAMES[d.kind] + (f" {d.where.replace('position ', 'm=')}" if d.where else "")
+        lines.append(f"regression: {figure} {_shown(d.before, d.kind)} -> {_shown(d.after, d.kind)}{factor}")
     return "\n".join(lines)
+
+
+def judge_one(session, loaded, name: str, dtype: str, mode: str, result=None) -> list:
+    """The regressions of one check against the baseline (the pytest plugin's test of that
+    property): ``result`` as it ran, or None for a dtype the target refuses now."""
+    target = session.target
+    key = (name, dtype, mode, target.call)
+    figures = {} if result is None else {key: figures_of(result.status, result.max_error, result.accuracy)}
+    run = session.run_options
+    drawn = {
+        "profile": run.profile,
+        "seed": run.seed,
+        "sizes": run.drawn_sizes.spec(),
+        "max_examples": session.options.echo().get("max_examples") if session.options is not None else None,
+    }
+    after = Run("this run", target.name, figures, drawn, dict(session.unsupported))
+    before = run_for(loaded, target.name, target.call)
+    factor = check_factor(session.options.get("regression_factor") if session.options is not None else None)
+    return compare(before, after, factor, only=[key]).regressions
+
+
+def compare_reports(loaded, report: dict, factor) -> tuple[dict, list]:
+    """``ropecheck report --baseline``: {target: Comparison} for the targets both reports
+    have, and what could not be compared (targets one of them lacks)."""
+    if isinstance(loaded, Run):
+        raise UsageError("--baseline: `ropecheck report` compares with an earlier report.json, not a check record")
+    now = runs_of_report(report, "this report")
+    comparisons = {
+        name: compare(loaded[name], run, check_factor(factor)) for name, run in now.items() if name in loaded
+    }
+    gone, new = [n for n in loaded if n not in now], [n for n in now if n not in loaded]
+    missing = [f"{len(gone)} targets in the baseline, not in this report: {', '.join(gone)}"] if gone else []
+    missing += [f"{len(new)} targets not in the baseline: {', '.join(new)}"] if new else []
+    return comparisons, missing
+
+
+def print_report_comparison(console, comparisons: dict, missing: list, source: str) -> bool:
+    """What changed per target, one table; True when something regressed."""
+    from rich.table import Table
+
+    table = Table(title=f"against the baseline {source}", title_justify="left")
+    for column in ("target", "check", "figure", "before -> after", "factor", ""):
+        table.add_column(column, justify="right" if column == "factor" else "left")
+    for name, comparison in comparisons.items():
+        for row in _rows(comparison):
+            table.add_row(name, *row)
+    if table.row_count:
+        _wide(console, table, TABLE_WIDTH + 20)
+    for name, comparison in comparisons.items():
+        for line in comparison.not_compared:
+            console.print(f"  not compared: {name}: {line}", markup=False, highlight=False, soft_wrap=True)
+    for line in missing:
+        console.print(f"  not compared: {line}", markup=False, highlight=False, soft_wrap=True)
+    regressed = [name for name, c in comparisons.items() if c.failed]
+    r = sum(len(c.regressions) for c in comparisons.values())
+    i = sum(len(c.improvements) for c in comparisons.values())
+    colour = "bold red" if regressed else "green"
+    console.print(
+        f"[{colour}]baseline {source}: {len(comparisons)} targets compared; {r} regressions"
+        + (f" ({', '.join(regressed)})" if regressed else "")
+        + f", {i} improvements[/]",
+        soft_wrap=True,
+    )
+    return bool(regressed)
