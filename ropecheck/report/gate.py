@@ -72,6 +72,7 @@ def judge(session, loaded) -> Optional[Comparison]:
         record = session_dict(session)
     if options.get("update_baseline"):
         record.pop("baseline", None)
+        Path(options.baseline).parent.mkdir(parents=True, exist_ok=True)
         Path(options.baseline).write_text(json.dumps(record, indent=2) + "\n")
     return session.comparison
 
