@@ -81,7 +81,7 @@ def run_of_record(record: dict, source: str) -> Run:
     call = record.get("call") or "x"
     figures = {
         (r["property"], r["dtype"], r.get("mode", "eager"), call): figures_of(
-            r["status"], r["max_error"], r["accuracy"]
+            r["status"], r.get("max_error"), r.get("accuracy")
         )
         for r in record["results"]
     }
@@ -116,7 +116,7 @@ def runs_of_report(report: dict, source: str) -> dict:
                 accuracy = None
                 if prop == "reference" and summary.get("error_profile"):
                     accuracy = {**summary["error_profile"], "horizon": summary.get("accuracy_horizon")}
-                figures[(prop, dtype, "eager", "")] = figures_of(result["status"], result["max_error"], accuracy)
+                figures[(prop, dtype, "eager", "")] = figures_of(result["status"], result.get("max_error"), accuracy)
         drawn = {"profile": env.get("profile"), "seed": env.get("seed"), "sizes": None, "max_examples": None}
         runs[name] = Run(source, name, figures, drawn, unsupported, target.get("convention"))
     return runs
