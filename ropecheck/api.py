@@ -183,6 +183,7 @@ def check(target=None, **keywords) -> Report:
     try:
         loaded = gate.baseline_of(options)
         session = prepare(options)
+        loaded = gate.baseline_for(loaded, session)
     except UsageError as exc:
         raise ValueError(str(exc)) from None
     except UnusableTarget as exc:
@@ -191,7 +192,10 @@ def check(target=None, **keywords) -> Report:
         session.run()
     finally:
         session.close()
-    gate.judge(session, loaded)
+    try:
+        gate.judge(session, loaded)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
     return Report(session.target.name, session.verdict, session, in_process=here)
 
 

@@ -249,6 +249,7 @@ def check(options):
     try:
         loaded = gate.baseline_of(options)
         session = prepare(options, console.print)
+        loaded = gate.baseline_for(loaded, session)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
     except UsageError as exc:
@@ -295,7 +296,10 @@ def check(options):
     console.print(results_table(session))
     print_failures(console, session)
     print_notes(console, session)
-    gate.print_comparison(console, gate.judge(session, loaded))
+    try:
+        gate.print_comparison(console, gate.judge(session, loaded))
+    except UsageError as exc:
+        _fail(console, str(exc), records=records)
     if session.stopped:
         console.print(f"[bold red]stopped early:[/] {session.stopped}")
     if options.json:

@@ -108,6 +108,10 @@ def session_of(config) -> Session:
             )
         except (UnusableTarget, UsageError) as exc:
             pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        try:
+            config._ropecheck_baseline = gate.baseline_for(config._ropecheck_baseline, config._ropecheck_session)
+        except UsageError as exc:
+            pytest.exit(f"ropecheck: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         config.add_cleanup(config._ropecheck_session.close)
     return config._ropecheck_session
 

@@ -163,6 +163,9 @@ def test_a_bad_baseline_is_a_usage_error(tmp_path):
         assert result.exit_code == 2 and said in result.output
     result = cli("check", "--update-baseline", "--dtype", "float32")
     assert result.exit_code == 2 and "--update-baseline needs --baseline" in result.output
+    report = Path(__file__).parents[1] / "docs/report/report.json"  # a report without this target
+    result = cli("check", f"{KERNELS}:angles64", *REFERENCE_ONLY, "--baseline", str(report))
+    assert result.exit_code == 2 and "the report has no target" in result.output
 
 
 # --- whole runs ----------------------------------------------------------------------------------

@@ -54,6 +54,18 @@ def baseline_of(options) -> Optional[object]:
     return load(options.baseline)
 
 
+def baseline_for(loaded, session):
+    """The baseline run of a prepared session's target (``run_for``), checked before the run:
+    a report.json without the target is a usage error, and the session is closed then."""
+    if loaded is None:
+        return None
+    try:
+        return run_for(loaded, session.target.name, session.target.call)
+    except UsageError:
+        session.close()
+        raise
+
+
 def judge(session, loaded) -> Optional[Comparison]:
     """Compare a session that has run with the baseline ``loaded``; the comparison is kept on
     the session (its verdict, exit status and record include it). --update-baseline: shown,
@@ -72,8 +84,11 @@ def judge(session, loaded) -> Optional[Comparison]:
         record = session_dict(session)
     if options.get("update_baseline"):
         record.pop("baseline", None)
-        Path(options.baseline).parent.mkdir(parents=True, exist_ok=True)
-        Path(options.baseline).write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            Path(options.baseline).parent.mkdir(parents=True, exist_ok=True)
+            Path(options.baseline).write_text(json.dumps(record, indent=2) + "\n")
+        except OSError as exc:
+            raise UsageError(f"--update-baseline: cannot write {options.baseline}: {exc.strerror or exc}") from None
     return session.comparison
 
 
