@@ -154,6 +154,10 @@ def test_mismatched_runs_say_what_was_not_compared():
     assert "largest errors: the two runs drew different inputs (profile dev -> ci, seed 7 -> None)" in said
     assert "float16: in the baseline, not in this run" in said and "bfloat16: not in the baseline" in said
     assert "identity (float32): not in the baseline" in said
+    fewer = record({"float32": {"linearity": ("passed", 0.9)}})
+    fewer["options"] = {"max_examples": 5}  # the same profile and seed, another example budget
+    said = "\n".join(compared(record({"float32": {"linearity": ("passed", 0.1)}}), fewer).not_compared)
+    assert "drew different inputs (max_examples None -> 5)" in said
 
 
 def test_a_bad_baseline_is_a_usage_error(tmp_path):

@@ -301,6 +301,13 @@ def describe(column) -> str:
     )
 
 
+def _drawn_differently(before: dict, after: dict) -> list:
+    """What differs of what decides the drawn inputs (a report.json does not say its sizes:
+    the profile's; None is a value for the seed and the example budget: none given)."""
+    unknown = ("sizes",)
+    return [k for k in DRAWN if before.get(k) != after.get(k) and not (k in unknown and None in (before[k], after[k]))]
+
+
 def compare(before: Run, after: Run, factor: float = DEFAULT_FACTOR, only=None) -> Comparison:
     """``after`` against ``before`` on what both ran (``only``: these keys of ``after``; the
     pytest plugin compares one check at a time and leaves out what it did not run)."""
@@ -309,13 +316,10 @@ def compare(before: Run, after: Run, factor: float = DEFAULT_FACTOR, only=None) 
     common = [k for k in keys_after if k in before.figures]
     if only is None:
         _missing(out, before, after)
-    same_draws = all(before.drawn.get(k) == after.drawn.get(k) for k in DRAWN if before.drawn.get(k) is not None)
-    if not same_draws and common:
-        said = ", ".join(
-            f"{k} {before.drawn.get(k)} -> {after.drawn.get(k)}"
-            for k in DRAWN
-            if before.drawn.get(k) != after.drawn.get(k)
-        )
+    differ = _drawn_differently(before.drawn, after.drawn)
+    same_draws = not differ
+    if differ and common:
+        said = ", ".join(f"{k} {before.drawn.get(k)} -> {after.drawn.get(k)}" for k in differ)
         out.not_compared.append(
             f"largest errors: the two runs drew different inputs ({said}); "
             "verdicts, horizons and error profiles compared"
