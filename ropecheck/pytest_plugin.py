@@ -245,7 +245,14 @@ _CAUSES: list = []
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Root causes: failures that share one, printed once with the checks it took down."""
+    """Root causes: failures that share one, printed once with the checks it took down; the
+    baseline compared with, and what of it could not be."""
+    config = terminalreporter.config
+    loaded = getattr(config, "_ropecheck_baseline", None)
+    if loaded is not None:
+        options = options_of(config)
+        for line in gate.pytest_lines(loaded, options, config._ropecheck_seed):
+            terminalreporter.write_line(line)
     results = []
     for item in _CAUSES:
         r = Result(

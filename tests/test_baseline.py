@@ -245,7 +245,8 @@ def test_the_pytest_plugin_fails_the_test_of_the_property_that_regressed(pyteste
         "--pyargs", "ropecheck.properties", "-p", "no:cacheprovider", "-k", "reference or identity"
     )
     result.assert_outcomes(passed=1, failed=1)  # identity: not in the baseline, not compared
-    result.stdout.fnmatch_lines(["*test_property*float32-reference*", "*regression: horizon 16777216 -> 64*"])
+    result.stdout.fnmatch_lines(["*test_property*float32-reference*", "*regression: horizon 16777216 -> 64*",
+                                 "ropecheck baseline *main.json: each check compared at --rope-regression-factor 2"])
 
 
 def test_report_baseline_tables_what_changed_per_target(tmp_path):

@@ -301,7 +301,7 @@ def describe(column) -> str:
     )
 
 
-def _drawn_differently(before: dict, after: dict) -> list:
+def drawn_differently(before: dict, after: dict) -> list:
     """What differs of what decides the drawn inputs (a report.json does not say its sizes:
     the profile's; None is a value for the seed and the example budget: none given)."""
     unknown = ("sizes",)
@@ -316,7 +316,7 @@ def compare(before: Run, after: Run, factor: float = DEFAULT_FACTOR, only=None) 
     common = [k for k in keys_after if k in before.figures]
     if only is None:
         _missing(out, before, after)
-    differ = _drawn_differently(before.drawn, after.drawn)
+    differ = drawn_differently(before.drawn, after.drawn)
     same_draws = not differ
     if differ and common:
         said = ", ".join(f"{k} {before.drawn.get(k)} -> {after.drawn.get(k)}" for k in differ)

@@ -16,6 +16,7 @@ from ropecheck.report.baseline import (
     check_factor,
     compare,
     describe,
+    drawn_differently,
     figures_of,
     load,
     run_of_record,
@@ -254,3 +255,28 @@ def print_report_comparison(console, comparisons: dict, missing: list, source: s
         soft_wrap=True,
     )
     return bool(regressed)
+
+
+def pytest_lines(loaded, options, seed) -> list:
+    """The pytest run's summary of its baseline: which, at what factor, and whether its
+    largest errors could be compared (the tests failed by a regression say the rest)."""
+    from ropecheck.properties.runner import RunOptions
+
+    source = loaded.source if isinstance(loaded, Run) else next(iter(loaded.values())).source
+    lines = [
+        f"ropecheck baseline {source}: each check compared at --rope-regression-factor {options.regression_factor:g}"
+    ]
+    run = RunOptions(profile=options.profile, seed=seed, sizes=options.sizes)
+    drawn = {
+        "profile": run.profile,
+        "seed": seed,
+        "sizes": run.drawn_sizes.spec(),
+        "max_examples": options.max_examples,
+    }
+    befores = [loaded] if isinstance(loaded, Run) else list(loaded.values())[:1]
+    for before in befores:
+        differ = drawn_differently(before.drawn, drawn)
+        if differ:
+            said = ", ".join(f"{k} {before.drawn.get(k)} -> {drawn.get(k)}" for k in differ)
+            lines.append(f"  not compared: largest errors: the two runs drew different inputs ({said})")
+    return lines
