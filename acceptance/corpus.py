@@ -71,6 +71,9 @@ CHECKS.update({
     "size-padded-exponent-production": ["tests/size_kernels.py:padded_exponent", *HALF, *F32, "--profile",
                                         "production", "--sizes", "production,head_dims=192,max_seq=256",
                                         "--property", "reference"],
+    # precision (tests/precision_kernels.py): every check passes; only a baseline tells them apart
+    "precision-angles64": ["tests/precision_kernels.py:angles64", *HALF, *F32_BF16],
+    "precision-angles32": ["tests/precision_kernels.py:angles32", *HALF, *F32_BF16],
     # how targets fail (acceptance/kernels/verdicts.py)
     "crashes-past-1000": ["acceptance/kernels/verdicts.py:crashes_past_1000", *HALF, *F32],
     "hangs-on-long-calls": ["acceptance/kernels/verdicts.py:hangs_on_long_calls", *HALF, *F32, "--timeout", "3"],

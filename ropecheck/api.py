@@ -37,6 +37,7 @@ from typing import Optional
 
 from rich.console import Console
 
+from ropecheck.report import gate
 from ropecheck.report.output import (
     EXIT_STATUS,
     print_failures,
@@ -90,6 +91,12 @@ class Report:
         return list(self.session.results) if self.session else []
 
     @property
+    def comparison(self):
+        """The comparison with ``baseline=`` (``ropecheck.report.baseline.Comparison``:
+        ``.regressions``, ``.improvements``, ``.deltas``, ``.not_compared``), or None."""
+        return self.session.comparison if self.session else None
+
+    @property
     def failures(self) -> list:
         return [r for r in self.results if r.status in ("failed", "error")]
 
@@ -103,6 +110,7 @@ class Report:
                 console.print(results_table(self.session))
             print_failures(console, self.session)
             print_notes(console, self.session)
+            gate.print_comparison(console, self.session.comparison)
             if self.session.stopped:
                 console.print(f"stopped early: {self.session.stopped}", markup=False)
             console.print(f"ropecheck {self.target}: " + verdict_line(self.session), soft_wrap=True)
@@ -162,6 +170,9 @@ def check(target=None, **keywords) -> Report:
         (``shipped_known_failures=False`` leaves those out).
     in_process: call a named target in this process instead of a worker process.
     device, modes, sizes, max_position, max_examples, timeout, strict_layouts: as the flags.
+    baseline, regression_factor, update_baseline: compare with an earlier run's JSON record
+        (``report.to_json(path)`` writes one); a regression fails the report
+        (``report.comparison`` says what changed).
     A keyword it does not take, or a value it cannot use, raises ValueError.
     """
     try:
@@ -170,7 +181,9 @@ def check(target=None, **keywords) -> Report:
         raise ValueError(str(exc)) from None
     here = IN_PROCESS_ASKED if options.in_process else ("" if not in_process(options) else IN_PROCESS_OBJECT)
     try:
+        loaded = gate.baseline_of(options)
         session = prepare(options)
+        loaded = gate.baseline_for(loaded, session)
     except UsageError as exc:
         raise ValueError(str(exc)) from None
     except UnusableTarget as exc:
@@ -179,6 +192,10 @@ def check(target=None, **keywords) -> Report:
         session.run()
     finally:
         session.close()
+    try:
+        gate.judge(session, loaded)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
     return Report(session.target.name, session.verdict, session, in_process=here)
 
 

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ropecheck.calling.in_process import on_abort
+from ropecheck.report import gate
 from ropecheck.report.output import (
     EXIT_STATUS,
     print_failures,
@@ -246,7 +247,9 @@ def check(options):
     records = Records(options.json, options.junit, name_of(options))
     on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
     try:
+        loaded = gate.baseline_of(options)
         session = prepare(options, console.print)
+        loaded = gate.baseline_for(loaded, session)
     except UnusableTarget as exc:
         _fail(console, str(exc), records=records)
     except UsageError as exc:
@@ -293,6 +296,10 @@ def check(options):
     console.print(results_table(session))
     print_failures(console, session)
     print_notes(console, session)
+    try:
+        gate.print_comparison(console, gate.judge(session, loaded))
+    except UsageError as exc:
+        _fail(console, str(exc), records=records)
     if session.stopped:
         console.print(f"[bold red]stopped early:[/] {session.stopped}")
     if options.json:
@@ -321,6 +328,14 @@ def report(options):
     from ropecheck.report.catalog import entries
 
     console = Console(highlight=False)
+    try:
+        loaded = gate.baseline_of(options)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise click.UsageError(
+            f"--baseline: {options.baseline} is a check record; `ropecheck report` takes a report.json"
+        )
     # the N-D, xPos and builder families are judged by `ropecheck check --family` (docs/families.md)
     catalog = {e.name: e for e in entries() if e.family == "rope"}
     names = options.report_targets or []
@@ -354,6 +369,13 @@ def report(options):
         f"wrote {options.out}/report.md, report.json and plots: {len(reports)} targets, "
         f"{len(failed)} with unexplained failures" + (f" ({', '.join(failed)})" if failed else "")
     )
+    if loaded is not None:
+        try:
+            comparisons, missing = gate.compare_reports(loaded, data, options.regression_factor)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
+        if gate.print_report_comparison(console, comparisons, missing, options.baseline):
+            sys.exit(EXIT_FAILED)
 
 
 @table_command(

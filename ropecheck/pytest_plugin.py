@@ -17,6 +17,7 @@ import pytest
 
 from ropecheck.properties.property import RANGE_PROBE
 from ropecheck.properties.runner import Result
+from ropecheck.report import gate
 from ropecheck.session import options as table
 from ropecheck.session.options import Options, UsageError, parse
 from ropecheck.session.prepare import prepare, run_seed
@@ -76,6 +77,8 @@ def _raw(config) -> tuple[dict, dict]:
             sources[option.name] = "ini"
             if option.name == "target":
                 value = _relative_to_ini(config, str(value))
+            elif option.name == "baseline" and config.inipath is not None and not Path(str(value)).is_absolute():
+                value = str(config.inipath.parent / str(value))
         raw[option.name] = value
     return raw, sources
 
@@ -105,6 +108,10 @@ def session_of(config) -> Session:
             )
         except (UnusableTarget, UsageError) as exc:
             pytest.exit(f"ropecheck: cannot load target: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        try:
+            config._ropecheck_baseline = gate.baseline_for(config._ropecheck_baseline, config._ropecheck_session)
+        except UsageError as exc:
+            pytest.exit(f"ropecheck: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         config.add_cleanup(config._ropecheck_session.close)
     return config._ropecheck_session
 
@@ -195,6 +202,10 @@ def pytest_configure(config):
         options = config._ropecheck_options = parse("check", raw, door="pytest", sources=sources)
     except UsageError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
+    try:
+        config._ropecheck_baseline = gate.baseline_of(options)
+    except UsageError as exc:
+        raise pytest.UsageError(f"ropecheck: {exc}") from None
     if "rope_seed" in getattr(config, "workerinput", {}):
         config._ropecheck_seed = config.workerinput["rope_seed"]  # an xdist worker: the controller's
     else:
@@ -234,7 +245,14 @@ _CAUSES: list = []
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Root causes: failures that share one, printed once with the checks it took down."""
+    """Root causes: failures that share one, printed once with the checks it took down; the
+    baseline compared with, and what of it could not be."""
+    config = terminalreporter.config
+    loaded = getattr(config, "_ropecheck_baseline", None)
+    if loaded is not None:
+        options = options_of(config)
+        for line in gate.pytest_lines(loaded, options, config._ropecheck_seed):
+            terminalreporter.write_line(line)
     results = []
     for item in _CAUSES:
         r = Result(
@@ -259,6 +277,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"  reproduce: {cause['reproduce']}")
 
 
+def loaded_source(loaded) -> str:
+    """The baseline's file, as a failure names it."""
+    return getattr(loaded, "source", None) or next(iter(loaded.values())).source
+
+
 @pytest.fixture
 def rope_run(request):
     """Runs one check of the session (``rope_check``: dtype, property or probe, mode) and
@@ -271,9 +294,14 @@ def run_check(request, check: tuple) -> None:
     text), skipped, or xfail for a known failure."""
     session = session_of(request.config)
     dtype, name, mode = check
+    loaded = getattr(request.config, "_ropecheck_baseline", None)
     if dtype in session.unsupported:
+        refused = gate.judge_one(session, loaded, name, dtype, mode) if loaded is not None else []
+        if refused:
+            pytest.fail(f"{dtype} not supported: {session.unsupported[dtype]}\n" + gate.regression_text(refused))
         pytest.skip(f"{dtype} not supported: {session.unsupported[dtype]}")
     result = session.run_one(name, dtype, mode)
+    regressions = gate.judge_one(session, loaded, name, dtype, mode, result) if loaded is not None else []
     for note in result.notes:
         print(f"support note ({dtype}): {note}")
     if result.status == "failed" and result.signature:
@@ -294,6 +322,13 @@ def run_check(request, check: tuple) -> None:
     if result.status == "skipped":
         pytest.skip(result.message)
     where = column_label(result.dtype, result.mode)
+    if regressions and result.status in ("passed", "known"):  # a regression fails the test of that property
+        pytest.fail(
+            f"{result.property} ({where}) {result.status}, and regressed against the baseline {loaded_source(loaded)} "
+            f"(--rope-regression-factor {options_of(request.config).regression_factor:g}):\n"
+            + gate.regression_text(regressions),
+            pytrace=False,
+        )
     if result.status == "known":
         pytest.xfail(f"known failure: {result.message}")
     if result.status != "passed":

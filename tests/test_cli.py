@@ -448,9 +448,10 @@ HELP_GROUPS = {
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
                "--scale-base", "--gamma"),
-    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout",
+    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),
+    "Baseline": ("--baseline", "--regression-factor", "--update-baseline"),
 }
 
 

@@ -150,6 +150,9 @@ def print_notes(console: Console, session) -> None:
 def verdict_line(session) -> str:
     """PASSED / FAILED / ERROR, and the dtypes the target does not support."""
     line = VERDICT_LINE[session.verdict]
+    regressions = len(session.comparison.regressions) if session.comparison is not None else 0
+    if regressions and session.comparison.failed:
+        line += f" ({regressions} accuracy regression{'s' * (regressions > 1)} against the baseline)"
     for dtype, why in session.unsupported.items():
         line += f"; {dtype} not supported: {escape(why.removeprefix('the target raised '))}"
     return line
@@ -186,6 +189,7 @@ def session_dict(session) -> dict:
         "support_notes": [{"note": n, "dtypes": d} for n, d in support_notes(session).items()],
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
+        **({"baseline": session.comparison.to_dict()} if session.comparison is not None else {}),
     }
 
 

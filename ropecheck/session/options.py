@@ -45,6 +45,7 @@ from ropecheck.session.converters import (
     words,
 )
 
+REGRESSION_FACTOR = 2.0  # --regression-factor: the default threshold of a baseline comparison
 SANITIZE_EXAMPLES = 3  # examples per check under --sanitize (unless --max-examples says otherwise)
 
 
@@ -132,12 +133,13 @@ def _text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-TARGET, CONVENTION, FAMILY, RUN, OUTPUT = (
+TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
     "Target",
     "Convention (what the target computes)",
     "Family (N-D, multimodal, position builders, xPos)",
     "Run",
     "Output",
+    "Baseline (accuracy regressions)",
 )
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "xpos")
@@ -424,6 +426,37 @@ OPTIONS: tuple[Option, ...] = (
         pytest=False,
         reproduce=False,
     ),
+    # --- the baseline -------------------------------------------------------------------------------
+    Option(
+        "baseline",
+        "Compare with this earlier run's JSON record (a --json file, or a report.json with `ropecheck report`), "
+        "per property x dtype x mode x call form: verdict, largest error, accuracy horizon, error against "
+        "position. A regression fails (exit 1); improvements are reported. See docs/ci.md.",
+        BASELINE,
+        commands=("check", "report"),
+        reproduce=False,
+        metavar="PATH",
+    ),
+    Option(
+        "regression_factor",
+        "With --baseline: an error (largest, or at a swept position) that grew by more than this factor "
+        "is a regression, one that shrank by as much an improvement (a horizon: when halved or doubled).",
+        BASELINE,
+        at_least(1.0, number),
+        default=REGRESSION_FACTOR,
+        commands=("check", "report"),
+        reproduce=False,
+    ),
+    Option(
+        "update_baseline",
+        "With --baseline PATH: show the comparison without failing on it, and write this run's record to PATH "
+        "(created if absent): the deliberate update of a baseline.",
+        BASELINE,
+        default=False,
+        kind=SWITCH,
+        pytest=False,
+        reproduce=False,
+    ),
     # --- the other commands -----------------------------------------------------------------------
     Option(
         "probe_max_position",
@@ -585,6 +618,8 @@ class Options(Mapping):
                 value = value[0]
             if hasattr(value, "spec"):
                 value = value.spec()
+            if name == "target" and not isinstance(value, str):  # a Python object (the API's)
+                value = getattr(value, "name", None) or getattr(value, "__name__", type(value).__name__)
             out[name] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -102,6 +102,8 @@ class Session:
     modes: list = field(default_factory=lambda: ["eager"])  # how the target is run (--mode)
     options: Optional[Options] = None  # the run's options (the JSON record echoes them)
     ranges: dict = field(default_factory=dict)  # dtype -> the target restricted to its accepted range
+    # the comparison with a baseline record (ropecheck.report.baseline), set by the front door
+    comparison: Optional[Any] = None
 
     @property
     def rows(self) -> list[str]:
@@ -205,7 +207,8 @@ class Session:
         statuses = {r.status for r in self.results}
         if "error" in statuses:
             return "error"
-        return "failed" if "failed" in statuses else "passed"
+        failed = "failed" in statuses or (self.comparison is not None and self.comparison.failed)
+        return "failed" if failed else "passed"
 
     def close(self) -> None:
         """Stop the target's worker process, if any."""
