@@ -90,3 +90,55 @@ def test_cudagraph_needs_a_cuda_device(tmp_path):
 def test_a_correct_kernel_passes_in_a_cuda_graph(tmp_path):
     result = check(f"{KERNELS}:correct", *QUICK, "--device", "cuda", "--mode", "eager", "--mode", "cudagraph")
     assert result.exit_code == 0, result.output
+
+
+# --- compile as production compiles ---------------------------------------------------------
+
+
+def _rotate_half(x, positions):
+    d = x.shape[-1]
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angles = positions.to(torch.float32)[..., None] * inv
+    cos, sin = torch.cat([angles.cos(), angles.cos()], -1)[..., None, :], torch.cat([angles.sin()] * 2, -1)[..., None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def test_compile_routes_the_first_signatures_static_and_the_rest_to_one_dynamic_graph():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = modes.Compiled(_rotate_half)
+    lengths = (3, 5, 7, 9, 11, 13, 17, 19, 23, 29)
+    for seq in lengths:
+        x = torch.randn(2, seq, 2, 8)
+        positions = torch.arange(seq).expand(2, seq).contiguous()
+        y = compiled(x, positions)
+        assert torch.allclose(y, _rotate_half(x, positions), atol=1e-5)
+    assert len(compiled.static_signatures) == modes.STATIC_SIGNATURES
+    # the static artefact compiled one graph per static signature; the dynamic one at most
+    # two for the seven other lengths (dynamo's first call is static, the second generalises)
+    assert counters["stats"]["unique_graphs"] <= modes.STATIC_SIGNATURES + 2, dict(counters["stats"])
+    # the same signature always goes to the same artefact
+    x = torch.randn(2, 3, 2, 8)
+    assert compiled._static((x, torch.arange(3).expand(2, 3).contiguous()))
+
+
+def test_dynamic_dims_are_the_token_dimensions():
+    assert list(modes.dynamic_dims(torch.zeros(2, 5, 4, 8))) == [0, 1]
+    assert list(modes.dynamic_dims(torch.zeros(7, 4, 8))) == [0]
+    assert list(modes.dynamic_dims(torch.zeros(7, 32))) == [0]
+    assert list(modes.dynamic_dims(torch.zeros(2, 5, dtype=torch.int64))) == [0, 1]
+    assert list(modes.dynamic_dims(3)) == []
+
+
+def test_a_compiling_call_has_a_compile_allowance_once_per_signature():
+    from ropecheck.calling.caller import COMPILE_ALLOWANCE, Caller
+
+    x, positions = torch.zeros(1, 4, 2, 8), torch.arange(4)[None]
+    compiled = Caller(executor=None, timeout=5.0, mode="compile")
+    assert compiled.time_limit("call", (x,), positions, None) == 5.0 + COMPILE_ALLOWANCE
+    assert compiled.time_limit("call", (x,), positions, None) == 5.0
+    assert compiled.time_limit("vjp", (x,), positions, None) == 5.0 + COMPILE_ALLOWANCE
+    assert Caller(executor=None, timeout=5.0).time_limit("call", (x,), positions, None) == 5.0

@@ -19,6 +19,8 @@ from ropecheck.calling.forms import Form, mismatch
 from ropecheck.properties.interface import CallError
 
 DEFAULT_TIMEOUT = 20.0
+COMPILING_MODES = ("compile", "cudagraph")
+COMPILE_ALLOWANCE = 60.0  # seconds added to the first call of each input signature in a compiling mode
 
 
 class Executor(Protocol):
@@ -93,6 +95,7 @@ class Caller:
         self.inplace = inplace  # it declares writing its output into x
         self.device = device  # where the inputs are made (--device)
         self.mode = mode  # how the target is run (--mode)
+        self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
 
     def form(self, x: torch.Tensor, case=None) -> Optional[Form]:
@@ -113,10 +116,25 @@ class Caller:
         """Process-wide state the target changed in any call so far (each restored)."""
         return self.executor.state_changes
 
-    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
-        request = Request(
-            op, args, positions, grads, self.inplace, self.form(args[0], case), self.device, self.mode, self.timeout
+    def time_limit(self, op: str, args: tuple, positions: torch.Tensor, form) -> Optional[float]:
+        """The call's time limit: ``timeout``, plus COMPILE_ALLOWANCE for a call in a mode
+        that builds code for each new input signature (``compile``: dynamo and inductor;
+        ``cudagraph``: the capture) when this signature is new: compiling is not the
+        kernel's time, and under load it alone can pass the limit."""
+        if self.timeout is None or self.mode not in COMPILING_MODES:
+            return self.timeout
+        key = (op, repr(form), str(positions.dtype), tuple(positions.shape)) + tuple(
+            (tuple(a.shape), a.stride(), str(a.dtype)) for a in args
         )
+        if key in self.compiled:
+            return self.timeout
+        self.compiled.add(key)
+        return self.timeout + COMPILE_ALLOWANCE
+
+    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
+        form = self.form(args[0], case)
+        limit = self.time_limit(op, args, positions, form)
+        request = Request(op, args, positions, grads, self.inplace, form, self.device, self.mode, limit)
         outcome = self.executor.run(request)
         if outcome.error is not None:
             raise CallError(*outcome.error)

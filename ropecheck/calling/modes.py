@@ -1,10 +1,13 @@
 """Execution modes (``--mode``): how the process that calls the target runs it.
 
 - ``eager``: as it is.
-- ``compile``: wrapped in ``torch.compile`` (inductor, on CPU too), recompiling for new
-  shapes and layouts as torch decides; past dynamo's recompile limit, where it would fall
-  back to eager (and the verdict would be eager's under the compile label), a fresh
-  compiled function takes over (``Compiled``).
+- ``compile``: wrapped in ``torch.compile`` (inductor, on CPU too) as serving and training
+  stacks compile: one artefact with the token dimensions dynamic (batch and sequence of
+  the tensors, every dimension of the integer ones: positions, offsets), so the shapes a
+  run draws share one compiled graph, plus a static-shape artefact for the first
+  STATIC_SIGNATURES input signatures so that shape-specialised code still runs; past
+  dynamo's recompile limit, where it would fall back to eager (and the verdict would be
+  eager's under the compile label), a fresh compiled function takes over (``Compiled``).
 - ``autocast``, ``autocast-fp16``: called inside ``torch.autocast`` of the input's device
   with bfloat16 / float16, as a model under mixed precision calls it. The inputs keep
   their dtype and are judged at its tolerance: a RoPE must not let autocast lower the
@@ -26,6 +29,7 @@ import torch
 MODES = ("eager", "compile", "autocast", "autocast-fp16", "cudagraph")
 AUTOCAST_DTYPES = {"autocast": torch.bfloat16, "autocast-fp16": torch.float16}
 RECOMPILE_LIMIT = 64  # distinct shapes and layouts one compiled target may see
+STATIC_SIGNATURES = 3  # input signatures compiled with static shapes in a compile run
 
 
 def parse(modes) -> list:
@@ -65,10 +69,13 @@ def wrap(fn: Callable, mode: str) -> Callable:
 
 
 class Compiled:
-    """``torch.compile(fn)`` as a user compiles it (inductor, automatic dynamic shapes). A run
-    shows it more shapes and layouts than dynamo's recompile limit allows; past the limit
-    dynamo would run the function eagerly, so here hitting it is an error, and the next
-    call starts a fresh compiled function instead (every call stays compiled)."""
+    """``fn`` under ``torch.compile`` (inductor). Each input signature (shapes, strides,
+    dtypes, requires_grad) is routed to one artefact for the whole run, so that a check
+    calling the same input twice compares one compiled code with itself: the first
+    STATIC_SIGNATURES signatures to a static-shape compile, every later one to the dynamic
+    compile (``dynamic_dims``). Past dynamo's recompile limit dynamo would run the function
+    eagerly, so hitting it is an error here and the next call starts a fresh compiled
+    function instead (every call stays compiled)."""
 
     def __init__(self, fn: Callable):
         from torch import _dynamo
@@ -76,15 +83,54 @@ class Compiled:
         _dynamo.config.recompile_limit = RECOMPILE_LIMIT
         _dynamo.config.fail_on_recompile_limit_hit = True
         self.dynamo, self.fn = _dynamo, fn
-        self.compiled = torch.compile(fn)
+        self.static_signatures: set = set()
+        self.seen: set = set()
+        self.static = torch.compile(fn, dynamic=False)
+        self.dynamic = torch.compile(fn, dynamic=None)
+
+    def _static(self, args) -> bool:
+        key = signature(args) + (torch.is_grad_enabled(),)
+        if key not in self.seen:
+            self.seen.add(key)
+            if len(self.static_signatures) < STATIC_SIGNATURES:
+                self.static_signatures.add(key)
+        return key in self.static_signatures
 
     def __call__(self, *args):
+        static = self._static(args)
+        if not static:
+            for a in args:
+                for dim in dynamic_dims(a):
+                    self.dynamo.maybe_mark_dynamic(a, dim)
         try:
-            return self.compiled(*args)
+            return (self.static if static else self.dynamic)(*args)
         except self.dynamo.exc.FailOnRecompileLimitHit:
             self.dynamo.reset()
-            self.compiled = torch.compile(self.fn)
-            return self.compiled(*args)
+            self.static = torch.compile(self.fn, dynamic=False)
+            self.dynamic = torch.compile(self.fn, dynamic=None)
+            return (self.static if static else self.dynamic)(*args)
+
+
+def signature(args) -> tuple:
+    """What makes two calls' inputs different to a compiler or a captured graph."""
+    return tuple(
+        (tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.requires_grad)
+        if isinstance(a, torch.Tensor)
+        else repr(a)
+        for a in args
+    )
+
+
+def dynamic_dims(a) -> range:
+    """The dimensions of a call argument a serving stack marks dynamic: the token
+    dimensions of a float tensor (all but its last two, heads and head size; the first of a
+    flattened (tokens, heads * head_dim) one) and every dimension of an integer one
+    (positions, offsets, cu_seqlens)."""
+    if not isinstance(a, torch.Tensor) or a.dim() == 0:
+        return range(0)
+    if a.is_floating_point() or a.is_complex():
+        return range(max(a.dim() - 2, 1 if a.dim() == 2 else 0))
+    return range(a.dim())
 
 
 class CudaGraphed:
@@ -94,13 +140,6 @@ class CudaGraphed:
     def __init__(self, fn: Callable):
         self.fn = fn
         self.graphs: dict = {}
-
-    @staticmethod
-    def _signature(args) -> tuple:
-        return tuple(
-            (tuple(a.shape), a.stride(), a.dtype, a.storage_offset()) if isinstance(a, torch.Tensor) else repr(a)
-            for a in args
-        )
 
     def _capture(self, args):
         buffers = []
@@ -124,7 +163,7 @@ class CudaGraphed:
     def __call__(self, *args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self.fn(*args)  # a VJP: the backward is not captured
-        key = self._signature(args)
+        key = signature(args)
         if key not in self.graphs:
             self.graphs[key] = self._capture(args)
         graph, buffers, out = self.graphs[key]

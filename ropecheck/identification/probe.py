@@ -54,7 +54,9 @@ def linearity_vectors(head_dim: int) -> np.ndarray:
 
 def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
     """The first (dtype, head_dim) the target accepts, float64 first; UnusableTarget when
-    it raises on all; NotRotary when it returns but always breaks the call contract."""
+    it raises on all; NotRotary when it returns but always breaks the call contract, or as
+    soon as a call ends the process (a crash is a finding; probing on would only repeat it,
+    restarting the worker each time)."""
     head_dims: tuple[int, ...] = PROBE_HEAD_DIMS
     if target.rotary_dim:
         r = target.rotary_dim
@@ -67,6 +69,8 @@ def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
                 probe_at(caller, dtype, head_dim, (0, 1))
                 return dtype, head_dim
             except CallError as exc:
+                if exc.kind in ("crashed", "exited"):  # every further probe would restart the process
+                    raise NotRotary(f"the target ended the process on {dtype}, head_dim {head_dim}: {exc}") from None
                 (raised if exc.kind == "raised" else broken).append(f"{dtype}, head_dim {head_dim}: {exc}")
             except TargetHung as exc:
                 raise UnusableTarget(f"on {dtype}, head_dim {head_dim}: {exc}") from None

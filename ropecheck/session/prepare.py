@@ -22,6 +22,7 @@ from ropecheck.session.spec import UnusableTarget, build, family_of, header
 from ropecheck.targets.target import Target
 
 WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
+WARM_UP_SHARE = 0.25  # of the call limit, for a warm-up call in a dtype the run does not check
 
 
 def warm_up(target: Target, requested=(), timeout: Optional[float] = None, crashes: Optional[dict] = None) -> dict:
@@ -32,15 +33,20 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None, crash
     A dtype whose smallest call crashes the process (or exits) is callable, and a failure:
     its message goes into ``crashes`` (dtype -> message).
     A hang costs a whole time limit, so after one the other unrequested dtypes are not
-    tried, and after a hang in a requested dtype nothing more is. A target that takes no
-    tensors (a position builder, dtype "-") has nothing to warm up."""
+    tried, and after a hang in a requested dtype nothing more is. A warm-up call in a dtype
+    the run does not check only primes the process, so it has WARM_UP_SHARE of the call
+    limit: past it the call is abandoned (the worker restarted, the dtype left out) and the
+    requested dtypes keep the whole limit, so a target that hangs in every dtype is
+    reported within 1 + WARM_UP_SHARE call limits. A target that takes no tensors (a
+    position builder, dtype "-") has nothing to warm up."""
     family = family_of(target)
     others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
     problems: dict = {}
-    for group in (others, [d for d in WARM_UP_ORDER if d in requested]):
+    warm_up_limit = None if timeout is None else timeout * WARM_UP_SHARE
+    for group, limit in ((others, warm_up_limit), ([d for d in WARM_UP_ORDER if d in requested], timeout)):
         for position, dtype in enumerate(group):
             try:
-                problems[dtype] = smoke_call(family, target, dtype, timeout)
+                problems[dtype] = smoke_call(family, target, dtype, limit)
             except CallError as crash:
                 problems[dtype] = None
                 if crashes is not None:
