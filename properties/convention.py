@@ -115,7 +115,7 @@ class XposConvention:
         return f"xPos {self.layout}, base {self.base:g}, scale_base {self.scale_base:g}, gamma {self.gamma:g}"
 
     def scores(self, q64, k64, positions) -> np.ndarray:
-        """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``_qk``)."""
+        """Reference scores (batch, heads, query, key) in float64; k64 has q64's heads (``xpos_checks.split_qk``)."""
         kw: dict = dict(layout=self.layout, base=self.base, gamma=self.gamma, scale_base=self.scale_base)
         return scores(apply_xpos(q64, positions, role="query", **kw), apply_xpos(k64, positions, role="key", **kw))
 

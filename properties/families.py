@@ -5,7 +5,10 @@ its checks' module and a line here."""
 
 from __future__ import annotations
 
-from ropecheck.properties import checks  # noqa: F401  (registers the 1-D properties)
+from ropecheck.properties import (
+    checks,  # noqa: F401  (registers the 1-D properties)
+    xpos_backward,  # noqa: F401  (registers xPos's backward)
+)
 from ropecheck.properties.builder_checks import BUILDER_FAMILIES
 from ropecheck.properties.nd_checks import ND_FAMILIES
 from ropecheck.properties.one_d import ONE_D

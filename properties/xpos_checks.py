@@ -27,22 +27,7 @@ position-used (moving one token by 1009 changes its scores with the others: the 
 distance is used); backward (targets that declare it: the VJP for q and k, see below).
 Besides the drawn inputs every run tries one with q 4 heads and k 2 (``_xpos_fixed``).
 
-Backward. One VJP of the qk call at x with the gradient g = (gq, gk) on y = cat(q_out,
-k_out) gives dx = (dq, dk). f is linear, pair by pair: q_out[m]_i = zeta_i^((m-c)/s) R_m q_i,
-so the VJP is dq[m]_i = zeta_i^((m-c)/s) R_m^T gq_i and dk[n]_i = zeta_i^(-(n-c)/s) R_n^T gk_i.
-The centre c is unknown, so dq alone cannot be compared with a reference; what can be
-checked exactly without it:
-- the adjoint identity, for q's heads and k's each: <dq, vq> = <gq, q_out(vq, vk)> and
-  <dk, vk> = <gk, k_out(vq, vk)> per head vector (the target's VJP is the transpose of the
-  Jacobian its own forward applies, at its own centre; q_out depends on q alone);
-- the gradient scores, where c cancels as in the scores (q head h with the k head it
-  attends): dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i, the float64
-  reference (xPos with the roles swapped at positions -m, -n). With the adjoint identity
-  this pins the VJP to the reference up to what the scores leave free in the forward too
-  (per pair, a factor on q and its inverse on k, as the centre's zeta_i^(-c/s); a rotation
-  common to all positions). A key gradient with the query's scale or rotated by +n fails
-  the adjoint identity; the VJP of a wrong forward (a key scaled by zeta^(+n/s), no scale, a
-  scale in bfloat16) is that forward's exact transpose and fails the gradient scores.
+Backward: ``properties.xpos_backward`` (the VJP, checked without knowing the centre).
 
 Error model (per score, written with relative errors so that c cancels from the prefactor).
 Pair i of the query output is zeta_i^((m-c)/s) R_m q_i times (1 + e_q), |e_q| <= eps_i(m), and
@@ -66,21 +51,6 @@ eps_i(m), the relative error of one output pair, has three parts:
    u32 (5 + |p| (|ln zeta_i| + 4)). The centre is unknown; assuming 0 <= c <= M, M the
    largest position the run draws (true of both libraries; an implementation caching its
    scales may centre on an earlier, longer call), |m - c| <= max(|m|, M - |m|).
-
-The backward's error model is the forward's: a VJP pair is zeta_i^((m-c)/s) R_m^T g_i times
-(1 + e), |e| <= eps_i(m) (the same rotation by m theta_i, transposed, and the same scale).
-The gradient scores therefore take the score bound above with (gq, gk) for (q, k) and (dq,
-dk) for the outputs. The adjoint identity: both sides are exactly equal, and each pair term
-is off by at most eps_i times its exact size, which is unknown (it carries zeta^((m-c)/s))
-but at most the computed size / (1 - eps_i); so, per head vector of q,
-
-    |<dq, vq> - <gq, q_out(vq)>| <= sum_i eps_i/(1 - eps_i) (|dq_i| |vq_i| + |gq_i| |q_out_i|)
-                                    + floor (|vq|_1 + |gq|_1),
-
-|.|_i the computed pair norms; likewise per head vector of k. A wrong VJP gains little from
-the computed sizes in this bound: a factor t on dq_i raises its allowance to eps_i t |dq_i|
-|vq_i| and moves the left side by (t - 1) <dq_i, vq_i>, of the order |t - 1| |dq_i| |vq_i| for
-a random vq.
 
 Buggy targets land far outside: a scale formed or stored in bfloat16/float16 errs by 2^-9 /
 2^-11 relative (100 to 500 times the float32 allowance); a wrong gamma, a key scaled by
@@ -119,9 +89,7 @@ from ropecheck.properties.property import (
 from ropecheck.properties.sizes import TOY, Sizes
 from ropecheck.properties.strategies import (
     SCORES_MAX_SEQ,
-    example_grad_layout,
     fitted_seq,
-    grad_layouts,
     grouped_heads,
     k_heads,
     prime_step,
@@ -177,14 +145,14 @@ def xpos_cases(target: Subject, dtype: str, min_seq: int = 1, headroom: int = 0,
     return draw()
 
 
-def _qk(x64: np.ndarray, heads: int) -> tuple:
+def split_qk(x64: np.ndarray, heads: int) -> tuple:
     """(q, k) of a canonical (batch, seq, q_heads + k_heads, head_dim) array, k's heads
     repeated to q's: q head h meets k head h // (q_heads / k_heads), the one it attends."""
     q, k = x64[:, :, :heads], x64[:, :, heads:]
     return q, np.repeat(k, heads // k.shape[2], axis=2)
 
 
-def _attends(case: Case) -> str:
+def attends(case: Case) -> str:
     """Which k head a q head's scores use, for a failure message (GQA / MQA only)."""
     group = case.heads // case.k_heads
     return "" if group == 1 else f"; q head h with k head h // {group}"
@@ -198,7 +166,7 @@ class XposContext(FamilyContext):
         """(scores, allowed error) of the qk call on x (the case's q and k), each (batch,
         q heads, query, key), in float64."""
         y = as_float64(self.rope(x, torch.from_numpy(np.array(positions, dtype=np.int64)), case))
-        (q, k), (q_out, k_out) = _qk(as_float64(x), case.heads), _qk(y, case.heads)
+        (q, k), (q_out, k_out) = split_qk(as_float64(x), case.heads), split_qk(y, case.heads)
         return scores(q_out, k_out), self.score_bound(q, k, positions, q_out, k_out)
 
     def pair_error(self, positions: np.ndarray, head_dim: int) -> np.ndarray:
@@ -212,7 +180,7 @@ class XposContext(FamilyContext):
         return rotation + XPOS_OPS * model.unit + scale
 
     def score_bound(self, q64, k64, positions, q_out, k_out) -> np.ndarray:
-        """The score bound of the module docstring; k64 and k_out have q's heads (``_qk``)."""
+        """The score bound of the module docstring; k64 and k_out have q's heads (``split_qk``)."""
         conv = self.target.convention
         head_dim = q64.shape[-1]
         i, j = pair_indices(head_dim, conv.layout)
@@ -326,13 +294,13 @@ def xpos_contract(ctx: XposContext, case: Case) -> float:
 def xpos_reference_scores(ctx: XposContext, case: Case) -> float:
     x, p = case.tensor(), case.positions_array()
     got, bound = ctx.scores(case, x, p)
-    expected = ctx.target.convention.scores(*_qk(as_float64(x), case.heads), p)
+    expected = ctx.target.convention.scores(*split_qk(as_float64(x), case.heads), p)
     return assert_close(
         got,
         expected,
         bound,
         axes=SCORE_AXES,
-        what=f"scores vs the float64 reference ({ctx.target.convention.description}{_attends(case)})",
+        what=f"scores vs the float64 reference ({ctx.target.convention.description}{attends(case)})",
     )
 
 
@@ -353,7 +321,7 @@ def xpos_relativity(ctx: XposContext, case: Case, c: int) -> float:
     s0, b0 = ctx.scores(case, x, p)
     s1, b1 = ctx.scores(case, x, p + c)
     return assert_close(
-        s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}{_attends(case)}"
+        s1, s0, b0 + b1, axes=SCORE_AXES, what=f"scores after shifting every position by {c}{attends(case)}"
     )
 
 
@@ -389,67 +357,3 @@ def xpos_position_used(ctx: XposContext, case: Case) -> float:
         axes=SCORE_AXES[:2],
         what=f"moving the last token by {step} leaves its scores unchanged: the position is not used",
     )
-
-
-def _adjoint_bound(eps, grad, vector, vjp, forward, floor) -> np.ndarray:
-    """The backward's adjoint bound of the module docstring, per head vector (batch, seq,
-    heads): eps (batch, seq, d/2); grad, vector, vjp, forward (batch, seq, heads, d) in
-    float64, the pairs in their layout's order (the same for all four)."""
-    relative = (eps / (1.0 - eps))[:, :, None, :]
-
-    def pairs(t):
-        return np.hypot(t[..., 0::2], t[..., 1::2])
-
-    terms = pairs(vjp) * pairs(vector) + pairs(grad) * pairs(forward)
-    return np.sum(relative * terms, -1) + floor * (np.abs(vector).sum(-1) + np.abs(grad).sum(-1))
-
-
-@xpos_register(
-    name="backward",
-    needs_backward=True,
-    formula="VJP at (q, k): adjoint <dq, vq> = <gq, q_out(vq)> and <dk, vk> = <gk, k_out(vk)> per head; "
-    "dq[m] . dk[n] = sum_i zeta_i^((m-n)/s) [R_m^T gq]_i . [R_n^T gk]_i (float64 reference, "
-    "centre-free)",
-    extras=grad_layouts,
-    example_extras=example_grad_layout,
-)
-def xpos_backward(ctx: XposContext, case: Case, grad_layout: str) -> float:
-    """The target's VJP at x = (q, k) with the incoming gradient g = (gq, gk): the adjoint
-    identity for each of q and k against the target's own forward, then the gradient scores
-    against the float64 reference (module docstring: what c leaves checkable, and the error
-    model). The incoming gradient comes in one of the layouts autograd hands a backward
-    (``strategies.grad_layouts``), broadcast (stride 0) ones included."""
-    x, g, v, p = case.tensor(0), case.tensor(1, memory=grad_layout), case.tensor(2), case.positions_array()
-    positions = torch.from_numpy(p)
-    dx = as_float64(ctx.rope.vjp(x, positions, g))  # (dq, dk)
-    fv = as_float64(ctx.rope(v, positions, case))  # (q_out(vq), k_out(vk))
-    g64, v64 = as_float64(g), as_float64(v)
-    conv = ctx.target.convention
-    first, second = pair_indices(case.shape[-1], conv.layout)
-    order = np.stack([first, second], -1).reshape(-1)  # pair i at features 2i, 2i + 1
-    eps = ctx.pair_error(p, case.shape[-1])
-    worst = 0.0
-    for name, heads in (("q", slice(None, case.heads)), ("k", slice(case.heads, None))):
-        vjp, g_, v_, forward = (t[:, :, heads] for t in (dx, g64, v64, fv))
-        bound = _adjoint_bound(
-            eps, g_[..., order], v_[..., order], vjp[..., order], forward[..., order], ctx.model.floor
-        )
-        worst = max(
-            worst,
-            assert_close(
-                np.sum(vjp * v_, -1),
-                np.sum(g_ * forward, -1),
-                bound,
-                axes=("batch", "seq", f"{name} head"),
-                what=f"adjoint identity for {name}: <d{name}, v{name}> = <g{name}, {name}_out(v{name})> per head",
-            ),
-        )
-    (gq, gk), (dq, dk) = _qk(g64, case.heads), _qk(dx, case.heads)
-    gradient = assert_close(
-        scores(dq, dk),
-        conv.gradient_scores(gq, gk, p),
-        ctx.score_bound(gq, gk, p, dq, dk),
-        axes=SCORE_AXES,
-        what=f"gradient scores dq[m] . dk[n] vs the float64 reference ({conv.description}{_attends(case)})",
-    )
-    return max(worst, gradient)
