@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ropecheck.properties import checks  # noqa: F401  (registers the 1-D properties)
 from ropecheck.properties.builder_checks import BUILDER_FAMILIES
-from ropecheck.properties.nd_checks import ND_FAMILIES
+from ropecheck.properties.nd_families import ND_FAMILIES
 from ropecheck.properties.one_d import ONE_D
 from ropecheck.properties.property import Family, FamilyError
 from ropecheck.properties.xpos_checks import XPOS
