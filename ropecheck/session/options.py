@@ -415,7 +415,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("junit", "Write results as JUnit XML.", OUTPUT, api=False, pytest=False, reproduce=False, metavar="PATH"),
     Option(
         "debug",
-        "Show tracebacks.",
+        "Show tracebacks, and what the target's imports and calls print or warn (captured otherwise).",
         OUTPUT,
         default=False,
         kind=SWITCH,
