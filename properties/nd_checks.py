@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
+from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import Subject
@@ -310,22 +310,13 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
     steps = [eye[k] for k in range(n_axes)] + [eye[j] - eye[k] for j in range(n_axes) for k in range(j + 1, n_axes)]
     worst = 0.0
     for step in steps:
-        best = None  # (score, |difference|, noise) per head vector, the best shift's best element
-        for c in shifts:
-            moved = p + c * step
-            diff = np.abs(ctx.f(x, moved) - base)
-            noise = base_noise + _element_noise(ctx, x64, moved, case.head_dim)
-            score = diff / np.maximum(noise, np.finfo(np.float64).tiny)
-            pick = np.argmax(score, axis=-1)[..., None]
-            found = tuple(np.take_along_axis(a, pick, -1)[..., 0] for a in (score, diff, noise))
-            best = found if best is None else tuple(np.where(found[0] > best[0], f, b) for f, b in zip(found, best))
-        assert best is not None
+        moved = [(ctx.f(x, p + c * step), _element_noise(ctx, x64, p + c * step, case.head_dim)) for c in shifts]
         worst = max(
             worst,
-            assert_distinct(
-                best[1],
-                0.0,
-                best[2],
+            assert_moved(
+                base,
+                base_noise,
+                moved,
                 axes=AXES_3D,
                 what=f"f(u, P + c {step.tolist()}) equals f(u, P) in every element for c in {list(shifts)}: "
                 "the position is lost",
