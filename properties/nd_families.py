@@ -57,22 +57,36 @@ def _declare_axial(parameters: dict, own) -> Declaration:
 
 
 def _declare_mrope(parameters: dict, own) -> Declaration:
+    """M-RoPE over 2 * sum(sections) features; ``rotary_dim`` (which must equal that) says
+    the head has more, passed through (GLM-4V: partial_rotary_factor 0.5 of head 128):
+    heads of rotary_dim, rotary_dim + 48 and 2 rotary_dim features are drawn, as for 1-D."""
     sections = parameters.get("sections")
     if not sections:
         raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
     base = _bases(parameters)
     if isinstance(base, list):
         raise FamilyError("--family mrope takes one --base")
-    try:
-        conv = ndref.mrope(
-            list(sections),
-            layout=parameters.get("layout") or "half",
-            base=base,
-            interleaved=bool(parameters.get("mrope_interleaved")),
+    rotated, rotary_dim = 2 * sum(int(s) for s in sections), parameters.get("rotary_dim")
+    if rotary_dim is not None and rotary_dim != rotated:
+        raise FamilyError(
+            f"--rotary-dim {rotary_dim} does not match --sections: they rotate 2 * sum(sections) = {rotated} features"
         )
+    head_dims = (rotated,) if rotary_dim is None else (rotated, rotated + 48, 2 * rotated)
+    try:
+        conventions = {
+            d: ndref.mrope(
+                list(sections),
+                layout=parameters.get("layout") or "half",
+                base=base,
+                head_dim=d,
+                interleaved=bool(parameters.get("mrope_interleaved")),
+            )
+            for d in head_dims
+        }
     except (ValueError, TypeError) as exc:
         raise FamilyError(str(exc)) from None
-    return Declaration(conv, n_axes=len(sections), head_dims=(conv.head_dim,), dtypes=ND_DTYPES)
+    conv = conventions[rotated] if rotary_dim is None else conventions
+    return Declaration(conv, n_axes=len(sections), head_dims=head_dims, dtypes=ND_DTYPES, rotary_dim=rotary_dim)
 
 
 def _declare_nd(parameters: dict, own) -> Declaration:

@@ -221,7 +221,14 @@ OPTIONS: tuple[Option, ...] = (
         families=("rope", "axial", "mrope", "xpos"),
         joined=True,
     ),
-    Option("rotary_dim", "Rotated features (default: all of head_dim).", CONVENTION, at_least(2), families=("rope",)),
+    Option(
+        "rotary_dim",
+        "Rotated features (default: all of head_dim); --family mrope: 2 * sum(sections), the head has more "
+        "(passed through).",
+        CONVENTION,
+        at_least(2),
+        families=("rope", "mrope"),
+    ),
     Option(
         "scaling",
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "

@@ -60,7 +60,7 @@ def build(options: Options) -> Target:
         else {}
     )
     _check_sanitize(options)
-    quiet.show(bool(options.debug))  # the target's own output: only with --debug
+    quiet.show(bool(options.get("debug")))  # the target's own output: only with --debug (a CLI option)
     try:
         devices.require(options.device)
         target = load(
