@@ -64,3 +64,19 @@ def test_spec_free_checks_pass_at_real_settings(name):
 def test_invertibility_still_catches_a_lost_position_at_real_settings(name, flags):
     report = ropecheck.check(f"{KERNELS}:{name}", dtypes="bfloat16", properties="invertibility", **FAST, **flags)
     assert report.verdict == "failed", report.summary()
+
+
+HF_REAL = ["hf-llama31", "hf-llama32", "hf-phi35-longrope", "hf-deepseek-v3-yarn", "hf-gpt-oss-yarn",
+           "hf-gemma3-global", "hf-gemma3-local", "hf-qwen2vl-mrope-real", "hf-qwen3vl-mrope-real", "hf-glm4v-mrope"]
+
+
+@pytest.mark.parametrize("name", HF_REAL)
+def test_hf_modules_at_real_settings_pass(name):
+    """HF's own rotary modules at each model's published settings (ropecheck/adapters/hf_real.py)."""
+    from ropecheck.adapters import ADAPTERS
+
+    why = ADAPTERS[name].why_unavailable()
+    if why:
+        pytest.skip(why)
+    report = ropecheck.check(name, dtypes=DTYPES, **FAST)
+    assert report.passed, report.summary()
