@@ -120,6 +120,57 @@ CHECKS.update({
                                  "rope-tie-builder"],
 })
 
+# Real model settings (issue 23): HF's own modules (acceptance runs them with their implied
+# flags), the kernels of tests/real_config_kernels.py with the flags a user gives for each,
+# spec-free where they are plain rotations, and the boundary slips that must fail.
+ALL3 = ["--dtype", "float32", "--dtype", "bfloat16", "--dtype", "float16"]
+REAL = "tests/real_config_kernels.py"
+LLAMA3 = "llama3:factor={},low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192"
+PHI35 = ["--layout", "half", "--base", "10000", "--rotary-dim", "96", "--scaling",
+         "@acceptance/kernels/phi35_longrope.json"]
+DEEPSEEK = ["--layout", "interleaved", "--base", "10000", "--rotary-dim", "64", "--scaling",
+            "yarn:factor=40,original_max_position_embeddings=4096,beta_fast=32,beta_slow=1,mscale=1,mscale_all_dim=1"]
+DYNAMIC = ["--layout", "half", "--base", "10000", "--rotary-dim", "128", "--scaling",
+           "dynamic:factor=2,max_position_embeddings=4096"]
+QWEN2VL = ["--family", "mrope", "--sections", "16,24,24", "--layout", "half", "--base", "1000000"]
+GEMMA3_GLOBAL = ["--layout", "half", "--base", "1000000", "--rotary-dim", "256", "--scaling", "linear:factor=8"]
+for name in ["hf-llama31", "hf-llama32", "hf-phi35-longrope", "hf-deepseek-v3-yarn", "hf-gpt-oss-yarn",
+             "hf-gemma3-global", "hf-gemma3-local", "hf-qwen2vl-mrope-real", "hf-qwen3vl-mrope-real",
+             "hf-glm4v-mrope"]:
+    CHECKS[name] = [name, *ALL3]
+CHECKS.update({
+    "real-llama31": [f"{REAL}:llama31", "--layout", "half", "--base", "500000", "--rotary-dim", "128", "--scaling",
+                     LLAMA3.format(8), *ALL3],
+    "real-llama32": [f"{REAL}:llama32", "--layout", "half", "--base", "500000", "--rotary-dim", "64", "--scaling",
+                     LLAMA3.format(32), *ALL3],
+    "real-phi35-longrope": [f"{REAL}:phi35_longrope", *PHI35, *ALL3],
+    "real-deepseek-v3-yarn": [f"{REAL}:deepseek_v3_yarn", *DEEPSEEK, *ALL3],
+    "real-gpt-oss-yarn": [f"{REAL}:gpt_oss_yarn", "--layout", "half", "--base", "150000", "--rotary-dim", "64",
+                          "--scaling", "yarn:factor=32,original_max_position_embeddings=4096,beta_fast=32,"
+                          "beta_slow=1,truncate=false", *ALL3],
+    "real-dynamic-ntk": [f"{REAL}:dynamic_ntk", *DYNAMIC, *ALL3],
+    "real-gemma3-global": [f"{REAL}:gemma3_global", *GEMMA3_GLOBAL, *ALL3],
+    "real-gemma3-global-spec-free": [f"{REAL}:gemma3_global", "--rotary-dim", "256", *ALL3],
+    "real-gemma3-local": [f"{REAL}:gemma3_local", "--layout", "half", "--base", "10000", "--rotary-dim", "256",
+                          *ALL3],
+    "real-qwen2vl-mrope-vllm": [f"{REAL}:qwen2vl_mrope_vllm", *QWEN2VL, *ALL3],
+    "real-qwen2vl-mrope-megatron": [f"{REAL}:qwen2vl_mrope_megatron", *QWEN2VL, *ALL3],
+    "real-qwen2vl-mrope-spec-free": [f"{REAL}:qwen2vl_mrope_vllm", "--family", "nd", "--axes", "3", "--split",
+                                     "32,48,48", *ALL3],
+    "real-qwen3vl-mrope": [f"{REAL}:qwen3vl_mrope", "--family", "mrope", "--sections", "24,20,20",
+                           "--mrope-interleaved", "--layout", "half", "--base", "5000000", *ALL3],
+    "real-glm4v-mrope": [f"{REAL}:glm4v_mrope", "--family", "mrope", "--sections", "8,12,12", "--layout",
+                         "interleaved", "--base", "10000", "--rotary-dim", "64", *ALL3],
+    "real-xpos-128": [f"{REAL}:xpos_128", "--family", "xpos", *ALL3],
+    # slips at the same settings: each must fail
+    "real-phi35-longrope-ge": [f"{REAL}:phi35_longrope_ge", *PHI35, *F32_BF16],
+    "real-phi35-longrope-max-position": [f"{REAL}:phi35_longrope_max_position", *PHI35, *F32_BF16],
+    "real-dynamic-ntk-max-position": [f"{REAL}:dynamic_ntk_max_position", *DYNAMIC, *F32_BF16],
+    "real-deepseek-v3-yarn-ramp-early": [f"{REAL}:deepseek_v3_yarn_ramp_early", *DEEPSEEK, *F32_BF16],
+    "real-qwen2vl-mrope-w-ignored": [f"{REAL}:qwen2vl_mrope_w_ignored", *QWEN2VL, *F32_BF16],
+    "real-gemma3-global-frozen": [f"{REAL}:gemma3_global_frozen", *GEMMA3_GLOBAL, *F32_BF16],
+})
+
 # `ropecheck identify` verdicts: the flags it prints
 IDENTIFY = ["rotate-half", "llama-complex", "hf-llama-llama3", "hf-llama-yarn", "hf-gpt-neox",
             "tests/mutants.py:sign_flipped", "tests/mutants.py:additive_sinusoid", "tests/mutants.py:norm_growing"]

@@ -101,3 +101,22 @@ def assert_distinct(a, b, bound, *, what: str, positions=None, axes=AXES_3D) -> 
         error=worst,
         where=dict(zip(axes, map(int, index))),
     )
+
+
+def assert_moved(base, base_noise, moved, *, what: str, positions=None, axes=AXES_3D) -> float:
+    """Each head vector (the last axis: its elements) of ``base`` moved beyond rounding noise
+    in one of the ``moved`` outputs: ``moved`` is a list of (output, its element noise),
+    and an element moved when |output - base| exceeds its noise plus ``base_noise`` (the
+    two calls' element bounds). Per head vector the best element of the best output
+    decides (<= 1 passes; the largest bound / |difference| is returned)."""
+    __tracebackhide__ = True
+    picked = []  # per output: (score, |difference|, noise) of each head vector's best element
+    for output, noise in moved:
+        diff = np.abs(np.asarray(output, np.float64) - np.asarray(base, np.float64))
+        noise = np.broadcast_to(np.asarray(noise, np.float64) + base_noise, diff.shape)
+        score = diff / np.maximum(noise, np.finfo(np.float64).tiny)
+        pick = np.argmax(score, axis=-1)[..., None]
+        picked.append([np.take_along_axis(a, pick, -1)[..., 0] for a in (score, diff, noise)])
+    best = np.argmax(np.stack([p[0] for p in picked]), axis=0)[None]  # the best output per head vector
+    best_diff, best_noise = (np.take_along_axis(np.stack([p[n] for p in picked]), best, 0)[0] for n in (1, 2))
+    return assert_distinct(best_diff, 0.0, best_noise, what=what, positions=positions, axes=axes)

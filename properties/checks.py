@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close, assert_distinct
+from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close, assert_moved
 from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.fixed_cases import in_form, within
 from ropecheck.properties.interface import CallError
@@ -318,39 +318,56 @@ def group_law(ctx: Context, case: Case, steps: np.ndarray) -> float:
     )
 
 
-def _position_step(ctx: Context, head_dim: int, positions: np.ndarray) -> int:
-    """The position step that turns the fastest declared frequency by about one radian
-    (1 without a convention, or for theta_0 = 1): a position-interpolated target (theta/s)
-    moves s times less per step, which rounding noise could otherwise hide."""
+def _position_steps(ctx: Context, head_dim: int, positions: np.ndarray) -> tuple:
+    """The position steps s the check moves by (k s): with a convention, the step that turns
+    the fastest declared frequency by about one radian (a position-interpolated target,
+    theta / f, moves f times less per step); without one, 1 and 61 (prime), the best of
+    which decides: an unknown interpolation factor f turns the fastest pair by 1/f per
+    position (Gemma 3's global layers: f = 8), which at step 1 alone may sit within bf16
+    rounding noise."""
     if ctx.convention is None:
-        return 1
+        return (1, 61)
     fastest = float(ctx.convention.theta(head_dim, positions).max())
-    return max(1, int(round(1.0 / fastest)))
+    return (max(1, int(round(1.0 / fastest))),)
+
+
+def _element_noise(ctx: Context, x64: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The error the model allows each element of f(u, m), u = (1, .., 1): under a declared
+    convention its element bound; spec-free rho (K_OPS u + 6 u32 |m|) + floor with
+    rho = sqrt(2), the magnitude of every pair of u whatever the pairing."""
+    if ctx.convention is not None:
+        return ctx.model.element_bound(x64, p, ctx.convention)
+    return np.broadcast_to(ctx.model.pair_bound(math.sqrt(2.0), ctx.model.angle_error(p))[..., None, None], x64.shape)
 
 
 @register(
     name="invertibility",
-    formula="f(x, m) != f(x, m + k) for k = 1, 2, 3 (distinct positions stay distinct)",
+    formula="f(u, m) != f(u, m + k s) in some element beyond its rounding noise, k = 1, 2, 3, "
+    "u = (1, .., 1), s one radian of the fastest declared frequency (spec-free: the best of s = 1 and 61)",
     extras=lambda ctx, case: st.fixed_dictionaries({"k": st.sampled_from((1, 2, 3))}),
     example_extras=lambda ctx, case: {"k": 1},
     case_options={"max_position": 4096},
 )
 def invertibility(ctx: Context, case: Case, k: int) -> float:
+    """Elementwise: the signal of a step lies in the pairs it turns by a visible angle
+    (2 rho |sin(k s theta_i / 2)| on one of each pair's two elements at least), while a
+    whole-vector bound adds up the noise of every feature, rotated or passed through. An
+    element whose |difference| exceeds both calls' element bounds shows that m moved it;
+    each head vector needs one (for one of the steps)."""
     rows = ctx.target.row_offsets  # (packed sequences, and rows where declared, keep counting up)
     p = within(case, 4096, rows).positions_array()
-    k *= _position_step(ctx, case.head_dim, p)
-    p = within(case.with_positions(p), max(ctx.max_position - k, 0), rows).positions_array()  # m + k in range
-    rng = np.random.default_rng([case.seed, 7])
-    values = rng.uniform(0.5, 1.5, case.shape) * rng.choice((-1.0, 1.0), case.shape)
-    x = case.tensor(values=values)
-    f0, f1 = f64(ctx, x, p), f64(ctx, x, p + k)
-    # Rounding noise of the two calls in the rotated features only: features past a
-    # partial rotary dim are computed alike at m and m + k, so their error cancels in
-    # f0 - f1 (counting it let bf16 rounding of 192 unrotated features hide the difference).
-    rotated = as_float64(x)[..., : ctx.target.rotary_dim or case.head_dim]
-    noise = (eps(ctx, p) + eps(ctx, p + k)) * vector_norms(rotated) + ctx.model.floor
-    return assert_distinct(
-        vector_norms(f0 - f1), 0.0, noise, positions=p, axes=AXES_3D, what=f"f(x, m) against f(x, m + {k})"
+    steps = [k * s for s in _position_steps(ctx, case.head_dim, p)]
+    p = within(case.with_positions(p), max(ctx.max_position - max(steps), 0), rows).positions_array()  # m + k in range
+    x = case.tensor(values=np.ones(case.shape))
+    x64 = as_float64(x)
+    moved = [(f64(ctx, x, p + step), _element_noise(ctx, x64, p + step)) for step in steps]
+    return assert_moved(
+        f64(ctx, x, p),
+        _element_noise(ctx, x64, p),
+        moved,
+        positions=p,
+        axes=AXES_3D,
+        what=f"f(u, m) against f(u, m + k) for k in {steps}",
     )
 
 

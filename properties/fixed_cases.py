@@ -58,6 +58,22 @@ def critical_cases(dtype: str, rotary_dim: int | None = None, call: str = "x") -
     ] + ([gqa_case(dtype, small)] if call == "qk" else [])
 
 
+def switch_cases(dtype: str, switches, rotary_dim: int | None = None, call: str = "x") -> list[Case]:
+    """For each length L at which a declared scaling switches (``Scaling.switches``:
+    LongRoPE's short/long factors, dynamic NTK's base), three calls of 16 tokens counting
+    up to L - 2, L - 1 and L: seq_len (largest position + 1) one below, at and one above
+    L, so that a ``>`` written ``>=`` or a seq_len one short is wrong at every position
+    of one of them, whatever the draws."""
+    head_dim = FREE_HEAD_DIMS[0] if rotary_dim is None else rotary_dim
+    out = []
+    for n, length in enumerate(switches):
+        for k, top in enumerate((length - 2, length - 1, length)):
+            if top >= 15:
+                row = tuple(range(top - 15, top + 1))
+                out.append(in_form(Case(dtype, 1, 16, 2, head_dim, (row,), "contiguous", 1.0, 50 + 3 * n + k), call))
+    return out
+
+
 def gqa_case(dtype: str, head_dim: int) -> Case:
     """The qk form's fixed grouped-query input: 4 query heads sharing 2 key heads (q head h
     attends k head h // 2), in storages of their own, two rows at different offsets: a

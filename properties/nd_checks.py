@@ -22,6 +22,7 @@ with e_p ln b = -ln theta_p; spec-free checks use the generic 6 * 2^-24 max_k |x
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -29,11 +30,11 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from ropecheck.properties.assertions import AXES_3D, assert_close, assert_distinct
+from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import Subject
-from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
+from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
 from ropecheck.properties.sizes import TOY, Sizes
 from ropecheck.properties.strategies import (
     SCORES_MAX_SEQ,
@@ -49,8 +50,6 @@ from ropecheck.properties.strategies import (
     seq_lengths,
     small_offsets,
 )
-from ropecheck.properties.tolerance import ANGLE_CONST, U32, ErrorModel
-from ropecheck.reference import nd as ndref
 from ropecheck.reference.nd import PairRotation
 
 ND_MAX_POSITION = 2**16
@@ -257,31 +256,70 @@ def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     )
 
 
+def invertibility_shifts(ctx: NDContext, head_dim: int) -> tuple:
+    """The shifts c the invertibility check moves an axis by: INVERTIBILITY_STEP (1009) and
+    the largest prime <= limit / 4 (inputs stay <= limit / 2, plus two shifts), and with a
+    declared convention, per axis, the prime nearest pi / theta_max, which turns the
+    fastest pair that axis drives by about half a turn. A small c moves an axis that drives
+    only low frequencies (M-RoPE's w at base 1e6: theta <= 1.8e-4) by less than rounding
+    noise; a large one can land a single fast pair near a whole turn: with several, one
+    of them moves some pair of every axis that has any."""
+    cap = limit(ctx.target) // 4
+    shifts = {prime_step(INVERTIBILITY_STEP, cap), prime_step(cap, cap)}
+    conv = convention_for(ctx.target, head_dim)
+    if conv is not None:
+        _, _, axis, theta = conv.arrays
+        for k in set(axis.tolist()):
+            half_turn = int(round(math.pi / float(theta[axis == k].max())))
+            shifts.add(prime_step(max(half_turn, 2), cap))
+    return tuple(sorted(shifts))
+
+
+def _element_noise(ctx: NDContext, x64: np.ndarray, p: np.ndarray, head_dim: int) -> np.ndarray:
+    """The error the model allows each element of f(x, P), for x = u = (1, .., 1): under a
+    declared convention its per-axis element bound; spec-free the per-element bound
+    rho (K_OPS u + 6 u32 max_k |P_k|) + floor with rho = sqrt(2), the magnitude of every
+    pair of u whatever the pairing (features in no pair err by one rounding, less)."""
+    conv = convention_for(ctx.target, head_dim)
+    if conv is not None:
+        return ctx.model.rotation_bound(conv, x64, p)
+    angle = ctx.model.angle_error(np.abs(p).max(-1))[..., None, None]  # (b, s, 1, 1)
+    return np.broadcast_to(ctx.model.pair_bound(math.sqrt(2.0), angle), x64.shape)
+
+
 @nd_register(
     name="invertibility",
-    formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P), "
-    "u = (1, .., 1), c = 1009 (or the largest prime <= max_position / 4)",
+    formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P) "
+    "in some element beyond its rounding noise, u = (1, .., 1), for one of the shifts c "
+    "(1009, the largest prime <= max_position / 4, and with a convention pi / theta_max of the axis)",
 )
 def nd_invertibility(ctx: NDContext, case: Case) -> float:
-    c = prime_step(INVERTIBILITY_STEP, limit(ctx.target) // 4)  # inputs <= limit / 2, plus two steps
-    p = case.axes_array() + c  # keeps P + c (e_j - e_k) >= 0
-    x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))  # every pair has rho = sqrt(2)
+    """Elementwise, not per head vector: the signal of a shifted axis lies in the few pairs
+    it drives (2 rho |sin(c theta_p / 2)| on one of each pair's two elements at least), while
+    a whole-vector bound adds up the noise of every feature. A pair moves by its exact
+    change plus at most the two calls' element errors, so an element whose |difference|
+    exceeds the sum of both calls' element bounds shows that P moved it; the check needs
+    one such element per head vector and step (the best of the shifts)."""
+    shifts = invertibility_shifts(ctx, case.head_dim)
+    p = case.axes_array() + max(shifts)  # keeps P + c (e_j - e_k) >= 0
+    x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))
+    x64 = as_float64(x)
     n_axes = ctx.target.n_axes
-    base = ctx.f(x, p)
-    noise = 2 * (ctx.eps(p + c)[..., 0][..., None] * _norms(as_float64(x))) + 2 * ctx.model.floor
-    eye = np.eye(n_axes, dtype=np.int64) * c
+    base, base_noise = ctx.f(x, p), _element_noise(ctx, x64, p, case.head_dim)
+    eye = np.eye(n_axes, dtype=np.int64)
     steps = [eye[k] for k in range(n_axes)] + [eye[j] - eye[k] for j in range(n_axes) for k in range(j + 1, n_axes)]
     worst = 0.0
     for step in steps:
-        moved = ctx.f(x, p + step)
+        moved = [(ctx.f(x, p + c * step), _element_noise(ctx, x64, p + c * step, case.head_dim)) for c in shifts]
         worst = max(
             worst,
-            assert_distinct(
-                _norms(moved - base),
-                0.0,
-                noise,
+            assert_moved(
+                base,
+                base_noise,
+                moved,
                 axes=AXES_3D,
-                what=f"f(u, P + {step.tolist()}) equals f(u, P): the position is lost",
+                what=f"f(u, P + c {step.tolist()}) equals f(u, P) in every element for c in {list(shifts)}: "
+                "the position is lost",
             ),
         )
     return worst
@@ -298,7 +336,7 @@ def nd_reference(ctx: NDContext, case: Case) -> float:
     x, p = case.tensor(), case.axes_array()
     x64 = as_float64(x)
     expected = conv.apply(x64, p)
-    bound = element_bound(ctx.model, conv, x64, p)
+    bound = ctx.model.rotation_bound(conv, x64, p)
     return assert_close(
         ctx.f(x, p),
         expected,
@@ -345,105 +383,8 @@ def nd_backward(ctx: NDContext, case: Case, grad_layout: str) -> float:
     exact = assert_close(
         vjp,
         conv.apply(g64, p, inverse=True),
-        element_bound(ctx.model, conv, g64, p),
+        ctx.model.rotation_bound(conv, g64, p),
         axes=("batch", "seq", "head", "feature"),
         what=f"VJP(g) vs R_P^T g = R_(-P) g, the float64 reference ({conv.description})",
     )
     return max(adjoint, exact)
-
-
-def element_bound(model: ErrorModel, conv: PairRotation, x64: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """The 1-D tolerance per axis: rho (K_OPS u + dphi_p) + floor on rotated pairs, one output
-    rounding on pass-through features."""
-    i, j, _, theta = conv.arrays
-    m = np.abs(conv.pair_positions(p)).astype(np.float64)[:, :, None, :]  # (b, s, 1, pairs)
-    dphi = U32 * m * theta * (2.0 * np.maximum(-np.log(theta), 0.0) + ANGLE_CONST)
-    pair = model.pair_bound(conv.pair_norms(x64), dphi)
-    bound = np.abs(x64) * model.output_unit + model.floor
-    bound[..., i] = pair
-    bound[..., j] = pair
-    return bound
-
-
-# --- the N-D families: what their parameters declare ---------------------------------
-
-ND_DTYPES = ("float32", "bfloat16")  # the dtypes an N-D run checks unless told otherwise
-
-
-def _bases(parameters: dict):
-    """One frequency base, or one per axis (``nd_base``, or a list ``base``); default 10000."""
-    value = parameters.get("nd_base") or parameters.get("base")
-    if value is None:
-        return 10000.0
-    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
-    if any(not v > 1 for v in values):
-        raise FamilyError(f"--base must be > 1, got {','.join(f'{v:g}' for v in values)}")
-    return values[0] if len(values) == 1 else values
-
-
-def _axes(parameters: dict) -> int:
-    n_axes = parameters.get("axes") or 2
-    if not 1 <= n_axes <= 8:
-        raise FamilyError(f"--axes must be 1 .. 8, got {n_axes}")
-    return n_axes
-
-
-def _head_dims(parameters: dict, n_axes: int) -> tuple:
-    """The head sizes drawn: the split's sum, else 4 and 32 features per axis."""
-    split = parameters.get("split")
-    return (sum(split),) if split else (4 * n_axes, 32 * n_axes)
-
-
-def _declare_axial(parameters: dict, own) -> Declaration:
-    n_axes = _axes(parameters)
-    head_dims = _head_dims(parameters, n_axes)
-    if parameters.get("layout") is None:
-        raise FamilyError(
-            "--family axial needs --layout (half or interleaved); --family nd runs the spec-free checks only"
-        )
-    try:
-        conventions = {
-            d: ndref.axial(
-                d, n_axes, layout=parameters["layout"], base=_bases(parameters), split=parameters.get("split")
-            )
-            for d in head_dims
-        }
-    except (ValueError, TypeError) as exc:
-        raise FamilyError(str(exc)) from None
-    return Declaration(conventions, n_axes=n_axes, head_dims=head_dims, dtypes=ND_DTYPES)
-
-
-def _declare_mrope(parameters: dict, own) -> Declaration:
-    sections = parameters.get("sections")
-    if not sections:
-        raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
-    base = _bases(parameters)
-    if isinstance(base, list):
-        raise FamilyError("--family mrope takes one --base")
-    try:
-        conv = ndref.mrope(
-            list(sections),
-            layout=parameters.get("layout") or "half",
-            base=base,
-            interleaved=bool(parameters.get("mrope_interleaved")),
-        )
-    except (ValueError, TypeError) as exc:
-        raise FamilyError(str(exc)) from None
-    return Declaration(conv, n_axes=len(sections), head_dims=(conv.head_dim,), dtypes=ND_DTYPES)
-
-
-def _declare_nd(parameters: dict, own) -> Declaration:
-    n_axes = _axes(parameters)
-    return Declaration(None, n_axes=n_axes, head_dims=_head_dims(parameters, n_axes), dtypes=ND_DTYPES)
-
-
-_CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes)"
-ND_FAMILIES = (
-    ND.variant("axial", _declare_axial, f"{_CONTRACT}: features split into per-axis blocks, a 1-D RoPE in each"),
-    ND.variant(
-        "mrope",
-        _declare_mrope,
-        f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their section assigns (Qwen2-VL, Qwen3-VL)",
-    ),
-    ND.variant("nd", _declare_nd, f"{_CONTRACT}: the spec-free N-D checks only"),
-)

@@ -19,7 +19,15 @@ from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.dtypes import torch_dtype
-from ropecheck.properties.fixed_cases import counts_up, critical_cases, huge_case, large_cases, production_cases, within
+from ropecheck.properties.fixed_cases import (
+    counts_up,
+    critical_cases,
+    huge_case,
+    large_cases,
+    production_cases,
+    switch_cases,
+    within,
+)
 from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput
 from ropecheck.properties.sizes import huge_fits
@@ -89,6 +97,8 @@ def _fixed_inputs(prop, ctx: Context) -> list:
     promises to try them; in the target's call form, within its position range."""
     call, r = ctx.target.call, ctx.target.rotary_dim
     fixed = critical_cases(ctx.dtype, r, call)
+    if ctx.convention is not None:  # calls of a length just below, at and above each switch
+        fixed += switch_cases(ctx.dtype, ctx.convention.scaling.switches(), r, call)
     if prop.large:
         fixed += large_cases(ctx.dtype, r, call)[: prop.large]
         fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]

@@ -155,3 +155,17 @@ class ErrorModel:
         bound[..., i] = pair
         bound[..., j] = pair
         return bound
+
+    def rotation_bound(self, conv, x64: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """``element_bound`` for an N-D rotation (``reference.nd.PairRotation``): pair p,
+        driven by axis k, may err by rho (K_OPS u + dphi_p) + floor, dphi_p = u32 |x_k|
+        theta_p (2 e_p ln b + 6) with e_p ln b = -ln theta_p; features in no pair by one
+        output rounding."""
+        i, j, _, theta = conv.arrays
+        m = np.abs(conv.pair_positions(positions)).astype(np.float64)[:, :, None, :]  # (b, s, 1, pairs)
+        dphi = U32 * m * theta * (2.0 * np.maximum(-np.log(theta), 0.0) + ANGLE_CONST)
+        pair = self.pair_bound(conv.pair_norms(x64), dphi)
+        bound = np.abs(x64) * self.output_unit + self.floor
+        bound[..., i] = pair
+        bound[..., j] = pair
+        return bound

@@ -68,6 +68,12 @@ class Scaling:
     def attention_factor(self) -> float:
         return 1.0
 
+    def switches(self) -> tuple:
+        """The sequence lengths L (seq_len = largest position + 1) where theta stops being
+        one formula of seq_len: a call of L - 1, L or L + 1 tokens tells ``>`` from ``>=``
+        and seq_len from the largest position. Only a dynamic scaling has any."""
+        return ()
+
     def theta_gain(self, rotary_dim: int, base: float) -> np.ndarray:
         """How much a relative error of the unscaled theta_i grows in the scaled one, per
         frequency (d ln theta'_i / d ln theta_i): 1 for a scaling that multiplies theta_i by
@@ -134,6 +140,12 @@ class DynamicNTK(Scaling):
 
     def inv_freq(self, rotary_dim, base, seq_len=None):
         return _geometric(rotary_dim, self.base_for(rotary_dim, base, seq_len))
+
+    def switches(self) -> tuple:
+        """L0: the base is the original one up to seq_len = L0 and grows past it (at L0 both
+        formulas give the same base: a ``>=`` cannot be told from ``>``, but a seq_len
+        taken as the largest position, one short, keeps the original base at L0 + 1)."""
+        return (int(self.max_position_embeddings),)
 
 
 def yarn_correction_range(
@@ -259,6 +271,10 @@ class LongRoPE(Scaling):
 
     def inv_freq(self, rotary_dim, base, seq_len=None):
         return _geometric(rotary_dim, base) / self.factors(rotary_dim, seq_len)
+
+    def switches(self) -> tuple:
+        """L0: the short factors up to seq_len = L0, the long ones past it."""
+        return (int(self.original_max_position_embeddings),)
 
     def attention_factor(self) -> float:
         if self.attention_factor_ is not None:

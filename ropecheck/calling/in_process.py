@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable
 
+from ropecheck.calling import quiet
 from ropecheck.calling.execution import Execution, Outcome, Request
 from ropecheck.properties.interface import TargetHung
 
@@ -68,8 +68,9 @@ class _Watchdog:
                         hook(reason)
                     except Exception:
                         pass
-                sys.stderr.write(f"\nropecheck: {reason}; giving up.\n")
-                sys.stderr.flush()
+                terminal = quiet.terminal_stderr()
+                terminal.write(f"\nropecheck: {reason}; giving up.\n")
+                terminal.flush()
                 os._exit(2)
 
 
@@ -106,7 +107,7 @@ class InProcess:
         self.state_changes: list = []
 
     def run(self, request: Request) -> Outcome:
-        with time_limit(request.timeout):
+        with time_limit(request.timeout), quiet.captured():
             outcome = self.execution.run(request)
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         return outcome

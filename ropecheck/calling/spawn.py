@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from ropecheck.calling import sanitizer
+from ropecheck.calling import quiet, sanitizer
 
 ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the ropecheck package
 COMMANDS_WITH_A_WORKER = ("check", "identify")
@@ -27,13 +27,15 @@ class Started(NamedTuple):
     conn: Connection
     crash_log: str  # where faulthandler writes the Python stack of a crash
     sanitizer_log: Optional[str] = None  # where compute-sanitizer writes its reports (--sanitize)
+    output_log: Optional[str] = None  # where the worker's stdout and stderr go (None: the terminal, --debug)
 
 
 def start(preload: tuple = (), sanitize: Optional[str] = None) -> Started:
     """A fresh interpreter serving calls (``worker.serve``) on one end of a socket pair;
     it imports the modules ``preload`` names and waits for its target. ``sanitize``: a
     compute-sanitizer tool (``ropecheck.calling.sanitizer``) the interpreter runs under,
-    in a process group of its own (so that stopping it stops the sanitizer too)."""
+    in a process group of its own (so that stopping it stops the sanitizer too). What the
+    worker prints goes to a log file of its own unless ``quiet.showing()`` (--debug)."""
     ours, theirs = socket.socketpair()
     handle, crash_log = tempfile.mkstemp(prefix="ropecheck-worker-", suffix=".log")
     os.close(handle)
@@ -46,11 +48,24 @@ def start(preload: tuple = (), sanitize: Optional[str] = None) -> Started:
         handle, log = tempfile.mkstemp(prefix="ropecheck-sanitizer-", suffix=".log")
         os.close(handle)
         argv, env = sanitizer.wrap(argv, sanitize, log_file=log), sanitizer.environment()
-    proc = subprocess.Popen(
-        argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=sanitize is not None
-    )
+    output = None
+    if not quiet.showing():
+        handle, output = tempfile.mkstemp(prefix="ropecheck-output-", suffix=".log")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=None if output is None else handle,
+            stderr=None if output is None else handle,
+            env=env,
+            start_new_session=sanitize is not None,
+        )
+    finally:
+        if output is not None:
+            os.close(handle)
     theirs.close()
-    return Started(proc, Connection(ours.detach()), crash_log, log)
+    return Started(proc, Connection(ours.detach()), crash_log, log, output)
 
 
 _spare: Optional[Started] = None
@@ -65,6 +80,7 @@ def prestart(argv: list, preload: tuple = ()) -> None:
     wants = words and words[0] in COMMANDS_WITH_A_WORKER and "--in-process" not in argv
     sanitized = any(word == "--sanitize" or word.startswith("--sanitize=") for word in argv)
     if wants and not sanitized and not {"-h", "--help"} & set(argv):  # a sanitized worker starts when asked for
+        quiet.show("--debug" in argv)
         try:
             _spare = start(preload)
         except OSError:  # no process to spare now: the run starts its worker when it needs it
@@ -72,11 +88,15 @@ def prestart(argv: list, preload: tuple = ()) -> None:
 
 
 def take(sanitize: Optional[str] = None) -> Started:
-    """The started worker if there is one (and no sanitizer is asked for), else a new one."""
+    """The started worker if there is one (and no sanitizer is asked for, and its output
+    goes where ``quiet`` now says), else a new one."""
     global _spare
     if sanitize is not None:
         return start(sanitize=sanitize)
     started, _spare = _spare, None
+    if started is not None and (started.output_log is None) != quiet.showing():
+        _stop(started)
+        started = None
     return started or start()
 
 
@@ -84,8 +104,14 @@ def discard() -> None:
     """Stop the started worker nobody took (the run ended before loading a target)."""
     global _spare
     if _spare is not None:
-        _spare.proc.kill()
-        _spare.proc.wait()
-        _spare.conn.close()
-        Path(_spare.crash_log).unlink(missing_ok=True)
+        _stop(_spare)
         _spare = None
+
+
+def _stop(started: Started) -> None:
+    started.proc.kill()
+    started.proc.wait()
+    started.conn.close()
+    for log in (started.crash_log, started.output_log):
+        if log is not None:
+            Path(log).unlink(missing_ok=True)

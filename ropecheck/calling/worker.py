@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.calling import sanitizer_reports, spawn
+from ropecheck.calling import quiet, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
@@ -199,7 +199,7 @@ class _Process:
     """One worker process: started at once, its target loading while ropecheck goes on."""
 
     def __init__(self, loader: str, args: tuple, sanitize: Optional[str] = None):
-        self.proc, self.conn, self.crash_log, self.sanitizer_log = spawn.take(sanitize)
+        self.proc, self.conn, self.crash_log, self.sanitizer_log, self.output_log = spawn.take(sanitize)
         self.sanitize, self.sanitizer_read = sanitize, 0  # bytes of the sanitizer's log read so far
         self.conn.send_bytes(dumps(Load(list(sys.path), loader, args)))
 
@@ -251,6 +251,8 @@ class _Process:
             except subprocess.TimeoutExpired:
                 returncode = None
             why = _death(returncode) + _crash_site(self.crash_log)
+            printed = quiet.tail(self.output_log)
+            why += f" (its last output: {printed})" if printed else ""
             self.stop(kill=True)
             return Crashed(f"{why} ({during})" if during.startswith("loading") else why)
 
@@ -268,9 +270,9 @@ class _Process:
         except subprocess.TimeoutExpired:
             self._kill()
             self.proc.wait()
-        Path(self.crash_log).unlink(missing_ok=True)
-        if self.sanitizer_log is not None:
-            Path(self.sanitizer_log).unlink(missing_ok=True)
+        for log in (self.crash_log, self.sanitizer_log, self.output_log):
+            if log is not None:
+                Path(log).unlink(missing_ok=True)
 
 
 class Worker:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ropecheck.adapters import ADAPTERS
+from ropecheck.calling import quiet
 from ropecheck.calling.execution import describe_exception
 from ropecheck.calling.worker import Worker, WorkerError
 from ropecheck.properties.families import FAMILIES
@@ -212,9 +213,11 @@ def load(
 ) -> Target:
     """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
     process whose calls it makes, under compute-sanitizer's ``sanitize`` tool if given (a
-    Python object is always built here: a worker cannot receive it). Raises TargetLoadError."""
+    Python object is always built here: a worker cannot receive it). What the target's
+    import prints is captured (``ropecheck.calling.quiet``). Raises TargetLoadError."""
     if not worker or not is_named(spec):
-        return load_here(spec, call, family, builtin_options)
+        with quiet.captured():
+            return load_here(spec, call, family, builtin_options)
     loader = "ropecheck.session.loading:_target_parts"
     process = Worker(loader, (spec, call, family, builtin_options or {}), sanitize=sanitize)
     try:

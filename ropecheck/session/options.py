@@ -223,7 +223,14 @@ OPTIONS: tuple[Option, ...] = (
         families=("rope", "axial", "mrope", "xpos"),
         joined=True,
     ),
-    Option("rotary_dim", "Rotated features (default: all of head_dim).", CONVENTION, at_least(2), families=("rope",)),
+    Option(
+        "rotary_dim",
+        "Rotated features (default: all of head_dim); --family mrope: 2 * sum(sections), the head has more "
+        "(passed through).",
+        CONVENTION,
+        at_least(2),
+        families=("rope", "mrope"),
+    ),
     Option(
         "scaling",
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "
@@ -417,7 +424,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("junit", "Write results as JUnit XML.", OUTPUT, api=False, pytest=False, reproduce=False, metavar="PATH"),
     Option(
         "debug",
-        "Show tracebacks.",
+        "Show tracebacks, and what the target's imports and calls print or warn (captured otherwise).",
         OUTPUT,
         default=False,
         kind=SWITCH,

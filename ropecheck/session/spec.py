@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ropecheck.calling import devices, sanitizer
+from ropecheck.calling import devices, quiet, sanitizer
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.interface import TENSOR_FORMS
 from ropecheck.properties.property import Family, FamilyError
@@ -60,6 +60,7 @@ def build(options: Options) -> Target:
         else {}
     )
     _check_sanitize(options)
+    quiet.show(bool(options.get("debug")))  # the target's own output: only with --debug (a CLI option)
     try:
         devices.require(options.device)
         target = load(

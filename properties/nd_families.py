@@ -1,0 +1,106 @@
+"""The N-D families (``axial``, ``mrope``, ``nd``): what their parameters declare. They
+share the N-D checks (``properties.nd_checks``) and differ in the convention they declare:
+per-axis blocks, M-RoPE sections, or none (the spec-free checks only)."""
+
+from __future__ import annotations
+
+from ropecheck.properties.nd_checks import ND
+from ropecheck.properties.property import Declaration, FamilyError
+from ropecheck.reference import nd as ndref
+
+# --- the N-D families: what their parameters declare ---------------------------------
+
+ND_DTYPES = ("float32", "bfloat16")  # the dtypes an N-D run checks unless told otherwise
+
+
+def _bases(parameters: dict):
+    """One frequency base, or one per axis (``nd_base``, or a list ``base``); default 10000."""
+    value = parameters.get("nd_base") or parameters.get("base")
+    if value is None:
+        return 10000.0
+    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    if any(not v > 1 for v in values):
+        raise FamilyError(f"--base must be > 1, got {','.join(f'{v:g}' for v in values)}")
+    return values[0] if len(values) == 1 else values
+
+
+def _axes(parameters: dict) -> int:
+    n_axes = parameters.get("axes") or 2
+    if not 1 <= n_axes <= 8:
+        raise FamilyError(f"--axes must be 1 .. 8, got {n_axes}")
+    return n_axes
+
+
+def _head_dims(parameters: dict, n_axes: int) -> tuple:
+    """The head sizes drawn: the split's sum, else 4 and 32 features per axis."""
+    split = parameters.get("split")
+    return (sum(split),) if split else (4 * n_axes, 32 * n_axes)
+
+
+def _declare_axial(parameters: dict, own) -> Declaration:
+    n_axes = _axes(parameters)
+    head_dims = _head_dims(parameters, n_axes)
+    if parameters.get("layout") is None:
+        raise FamilyError(
+            "--family axial needs --layout (half or interleaved); --family nd runs the spec-free checks only"
+        )
+    try:
+        conventions = {
+            d: ndref.axial(
+                d, n_axes, layout=parameters["layout"], base=_bases(parameters), split=parameters.get("split")
+            )
+            for d in head_dims
+        }
+    except (ValueError, TypeError) as exc:
+        raise FamilyError(str(exc)) from None
+    return Declaration(conventions, n_axes=n_axes, head_dims=head_dims, dtypes=ND_DTYPES)
+
+
+def _declare_mrope(parameters: dict, own) -> Declaration:
+    """M-RoPE over 2 * sum(sections) features; ``rotary_dim`` (which must equal that) says
+    the head has more, passed through (GLM-4V: partial_rotary_factor 0.5 of head 128):
+    heads of rotary_dim, rotary_dim + 48 and 2 rotary_dim features are drawn, as for 1-D."""
+    sections = parameters.get("sections")
+    if not sections:
+        raise FamilyError("--family mrope needs --sections (pairs per axis, e.g. 16,24,24)")
+    base = _bases(parameters)
+    if isinstance(base, list):
+        raise FamilyError("--family mrope takes one --base")
+    rotated, rotary_dim = 2 * sum(int(s) for s in sections), parameters.get("rotary_dim")
+    if rotary_dim is not None and rotary_dim != rotated:
+        raise FamilyError(
+            f"--rotary-dim {rotary_dim} does not match --sections: they rotate 2 * sum(sections) = {rotated} features"
+        )
+    head_dims = (rotated,) if rotary_dim is None else (rotated, rotated + 48, 2 * rotated)
+    try:
+        conventions = {
+            d: ndref.mrope(
+                list(sections),
+                layout=parameters.get("layout") or "half",
+                base=base,
+                head_dim=d,
+                interleaved=bool(parameters.get("mrope_interleaved")),
+            )
+            for d in head_dims
+        }
+    except (ValueError, TypeError) as exc:
+        raise FamilyError(str(exc)) from None
+    conv = conventions[rotated] if rotary_dim is None else conventions
+    return Declaration(conv, n_axes=len(sections), head_dims=head_dims, dtypes=ND_DTYPES, rotary_dim=rotary_dim)
+
+
+def _declare_nd(parameters: dict, own) -> Declaration:
+    n_axes = _axes(parameters)
+    return Declaration(None, n_axes=n_axes, head_dims=_head_dims(parameters, n_axes), dtypes=ND_DTYPES)
+
+
+_CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes)"
+ND_FAMILIES = (
+    ND.variant("axial", _declare_axial, f"{_CONTRACT}: features split into per-axis blocks, a 1-D RoPE in each"),
+    ND.variant(
+        "mrope",
+        _declare_mrope,
+        f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their section assigns (Qwen2-VL, Qwen3-VL)",
+    ),
+    ND.variant("nd", _declare_nd, f"{_CONTRACT}: the spec-free N-D checks only"),
+)
