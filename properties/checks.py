@@ -29,6 +29,8 @@ from ropecheck.properties.one_d import (
     against_reference,
     eps,
     f64,
+    for_interface,
+    interface_draws,
     ops,
     shift_range,
     vector_norms,
@@ -122,7 +124,11 @@ def _layouts_probe(ctx: Context) -> list:
             )
         )
     return [
-        replace(probe, case=replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory)) for probe in probes
+        replace(
+            probe,
+            case=for_interface(replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory), ctx.target),
+        )
+        for probe in probes
     ]
 
 
@@ -389,6 +395,7 @@ def _distractor(draw, ctx, case):
             call=ctx.target.call,
             k_optional=ctx.target.k_optional,
             row_offsets=ctx.target.row_offsets,
+            **interface_draws(ctx.target),
         )
     )
     # the decode calls, one per token after the split: DECODE_CALLS at most

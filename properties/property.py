@@ -37,7 +37,13 @@ class FamilyContext:
 
     def __post_init__(self):
         self.rope = self.target.caller(self.timeout)
-        self.model = ErrorModel(self.dtype, extra_ops=self.extra_ops())
+        table = getattr(getattr(self.target, "interface", None), "table", None)
+        self.model = ErrorModel(
+            self.dtype,
+            extra_ops=self.extra_ops(),
+            table_kind=table.kind if table is not None else "",
+            table_dtype=table.dtype_for(self.dtype) if table is not None else "",
+        )
 
     def extra_ops(self) -> int:
         """Operations of the compute dtype the family's outputs take beyond a rotation."""

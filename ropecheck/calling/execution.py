@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ropecheck.calling import modes
+from ropecheck.calling import api_call, modes
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong
 
@@ -191,6 +191,8 @@ def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     """(canonical y, what the target returned): fn called on the canonical x (``args``:
     (x,)) in its call form (``ropecheck.calling.forms``)."""
     (x,) = args
+    if form is not None and form.api:
+        return api_call.invoke(form, fn, x, positions)
     if form is None or form.call == "x":
         out = fn(x, positions)
         if isinstance(out, torch.Tensor) and out.device != x.device:
