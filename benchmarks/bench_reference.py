@@ -43,19 +43,19 @@ def test_reference_check_memory_at_production_size(benchmark, monkeypatch, chunk
 
     import torch
 
-    from ropecheck.properties import checks, one_d
-    from ropecheck.properties.cases import Case
+    from ropecheck.properties import one_d
+    from ropecheck.properties.cases import Case, as_float64
     from ropecheck.targets.target import Convention, Target
 
     # a smoke run (--benchmark-disable, as the test command runs it) takes a small input
     batch, seq, heads, head_dim = (1, 256, 4, 64) if benchmark.disabled else PRODUCTION_SHAPE
     case = Case("bfloat16", batch, seq, heads, head_dim, (tuple(range(seq)),))
     target = Target("reference", lambda x, p: x, convention=Convention("half"), dtypes=("bfloat16",))
-    ctx = checks.Context(target, "bfloat16")
+    ctx = one_d.Context(target, "bfloat16")
     x, p = case.tensor(), case.positions_array()
-    y = torch.from_numpy(ctx.convention.apply(checks.as_float64(x), p)).to(x.dtype)
+    y = torch.from_numpy(ctx.convention.apply(as_float64(x), p)).to(x.dtype)
     if not chunked:
-        monkeypatch.setattr(checks, "REFERENCE_CHUNK", x.numel())
+        monkeypatch.setattr(one_d, "REFERENCE_CHUNK", x.numel())
 
     def compare():
         return one_d.against_reference(ctx, y, x, p, what="benchmark")

@@ -138,6 +138,15 @@ def _param(option: Option, command: str):
     if option.kind == table.SWITCH:
         return GroupedOption([option.cli, option.name], is_flag=True, default=False, **common)
     kind = click.Choice(option.choices) if option.choices else None
+    if option.flag_value is not None:  # --sanitize alone, or --sanitize TOOL
+        return GroupedOption(
+            [option.cli, option.name],
+            type=kind,
+            is_flag=False,
+            flag_value=option.flag_value,
+            metavar=option.metavar or None,
+            **common,
+        )
     metavar = option.metavar or (
         None if option.choices else METAVARS.get(getattr(option.convert, "__name__", ""), "TEXT")
     )

@@ -35,6 +35,16 @@ def pytest_addoption(parser):
     for option in PYTEST_OPTIONS:
         if option.kind == table.SWITCH:
             group.addoption(option.pytest_flag, action="store_true", default=None, dest=option.ini, help=option.help)
+        elif option.flag_value is not None:  # --rope-sanitize alone, or --rope-sanitize TOOL
+            group.addoption(
+                option.pytest_flag,
+                nargs="?",
+                const=option.flag_value,
+                default=None,
+                dest=option.ini,
+                help=option.help,
+                choices=option.choices,
+            )
         elif option.kind == table.LIST and not option.joined:
             group.addoption(option.pytest_flag, action="append", default=None, dest=option.ini, help=option.help)
         else:

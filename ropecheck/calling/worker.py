@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.calling import spawn
+from ropecheck.calling import sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
@@ -198,9 +198,33 @@ class WorkerError(Exception):
 class _Process:
     """One worker process: started at once, its target loading while ropecheck goes on."""
 
-    def __init__(self, loader: str, args: tuple):
-        self.proc, self.conn, self.crash_log = spawn.take()
+    def __init__(self, loader: str, args: tuple, sanitize: Optional[str] = None):
+        self.proc, self.conn, self.crash_log, self.sanitizer_log = spawn.take(sanitize)
+        self.sanitize, self.sanitizer_read = sanitize, 0  # bytes of the sanitizer's log read so far
         self.conn.send_bytes(dumps(Load(list(sys.path), loader, args)))
+
+    def new_sanitizer_reports(self) -> list:
+        """The compute-sanitizer reports written since the last look (--sanitize)."""
+        if self.sanitizer_log is None:
+            return []
+        try:
+            with open(self.sanitizer_log, errors="replace") as log:
+                log.seek(self.sanitizer_read)
+                text = log.read()
+        except OSError:
+            return []
+        complete = text[: text.rfind("\n") + 1]  # a report still being written waits for the next look
+        self.sanitizer_read += len(complete.encode())
+        return sanitizer_reports.parse(complete, self.sanitize)
+
+    def _kill(self) -> None:
+        if self.sanitize is not None:  # the sanitizer and the interpreter under it: its process group
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        else:
+            self.proc.kill()
 
     @property
     def alive(self) -> bool:
@@ -232,7 +256,7 @@ class _Process:
 
     def stop(self, kill: bool = False) -> None:
         if kill and self.alive:
-            self.proc.kill()
+            self._kill()
         if not self.conn.closed:
             try:
                 self.conn.send_bytes(dumps(Exit()))
@@ -242,9 +266,11 @@ class _Process:
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._kill()
             self.proc.wait()
         Path(self.crash_log).unlink(missing_ok=True)
+        if self.sanitizer_log is not None:
+            Path(self.sanitizer_log).unlink(missing_ok=True)
 
 
 class Worker:
@@ -253,8 +279,11 @@ class Worker:
     Replaced on demand after a crash or a hang; once the target has crashed, a standby
     process is kept loading, so the next crash costs no start-up wait."""
 
-    def __init__(self, loader: str, args: tuple = (), load_timeout: float = LOAD_TIMEOUT):
+    def __init__(
+        self, loader: str, args: tuple = (), load_timeout: float = LOAD_TIMEOUT, sanitize: Optional[str] = None
+    ):
         self.loader, self.args, self.load_timeout = loader, args, load_timeout
+        self.sanitize = sanitize  # a compute-sanitizer tool every process of it runs under (--sanitize)
         self.current: Optional[_Process] = None
         self.standby: Optional[_Process] = None
         self.crashes = 0
@@ -267,7 +296,7 @@ class Worker:
         description. Raises WorkerError when it cannot be loaded (a crash included)."""
         if self.current is not None:
             self.current.stop(kill=True)
-        self.current, self.standby = (self.standby or _Process(self.loader, self.args)), None
+        self.current, self.standby = (self.standby or _Process(self.loader, self.args, self.sanitize)), None
         try:
             reply = self.current.receive(self.load_timeout, during="loading the target")
         except TargetHung:
@@ -279,7 +308,7 @@ class Worker:
             raise WorkerError(reply.message)
         self.info = reply.info
         if self.crashes:
-            self.standby = _Process(self.loader, self.args)
+            self.standby = _Process(self.loader, self.args, self.sanitize)
         return self.info
 
     @property
@@ -310,13 +339,18 @@ class Worker:
         if isinstance(reply, Failed):
             return Outcome(error=("type", reply.message))
         outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
+        found = sanitizer_reports.findings(self.current.new_sanitizer_reports())
+        if found:  # memory the kernels of this call read or wrote without owning it
+            outcome.violations.append(
+                ("sanitizer", f"compute-sanitizer {self.sanitize}: " + "; ".join(f.message for f in found))
+            )
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         if outcome.error and outcome.error[0] == "crashed":
             self.crashes += 1
             self.current.stop(kill=True)
             self.current = None
             if self.standby is None:
-                self.standby = _Process(self.loader, self.args)
+                self.standby = _Process(self.loader, self.args, self.sanitize)
         return outcome
 
 

@@ -231,13 +231,15 @@ def load(
     family: Optional[str] = None,
     builtin_options=None,
     api: Optional[str] = None,
+    sanitize: Optional[str] = None,
 ) -> Target:
     """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
-    process whose calls it makes (a Python object is always built here: a worker cannot
-    receive it). Raises TargetLoadError."""
+    process whose calls it makes, under compute-sanitizer's ``sanitize`` tool if given (a
+    Python object is always built here: a worker cannot receive it). Raises TargetLoadError."""
     if not worker or not is_named(spec):
         return load_here(spec, call, family, builtin_options, api)
-    process = Worker("ropecheck.session.loading:_target_parts", (spec, call, family, builtin_options or {}, api))
+    loader = "ropecheck.session.loading:_target_parts"
+    process = Worker(loader, (spec, call, family, builtin_options or {}, api), sanitize=sanitize)
     try:
         target = process.start()
     except WorkerError as exc:

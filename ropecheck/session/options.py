@@ -19,10 +19,11 @@ a bad value is a ``UsageError`` naming the option the way that front door spells
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
 from ropecheck.calling.presets import PRESETS
+from ropecheck.calling.sanitizer import TOOLS
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.interface import CALL_FORMS
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES
@@ -44,6 +45,8 @@ from ropecheck.session.converters import (
     target_value,
     words,
 )
+
+SANITIZE_EXAMPLES = 3  # examples per check under --sanitize (unless --max-examples says otherwise)
 
 
 class UsageError(ValueError):
@@ -75,6 +78,7 @@ class Option:
     joined: bool = False  # a LIST written as one comma-separated value (per-axis values)
     defaults: dict = field(default_factory=dict)  # front door -> its own default (api, report)
     metavar: str = ""
+    flag_value: Optional[str] = None  # the value of the flag given alone (--sanitize: memcheck)
 
     @property
     def cli(self) -> str:
@@ -370,6 +374,18 @@ OPTIONS: tuple[Option, ...] = (
         at_least(0.0, number),
         default=DEFAULT_TIMEOUT,
         commands=("check", "identify", "report"),
+    ),
+    Option(
+        "sanitize",
+        "Run the target's worker under NVIDIA compute-sanitizer: memcheck (the flag alone), racecheck, initcheck or "
+        "synccheck; a report is a finding of the check being run, with its input. At most "
+        f"{SANITIZE_EXAMPLES} examples per check (the sanitizer slows calls 10 to 100 times). Needs a CUDA device "
+        "(--device cuda) and compute-sanitizer; exit 2 without them.",
+        RUN,
+        choices=TOOLS,
+        flag_value="memcheck",
+        families=TENSOR_FAMILIES,
+        metavar="[TOOL]",
     ),
     Option(
         "strict_layouts",

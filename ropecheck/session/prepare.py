@@ -16,7 +16,7 @@ from ropecheck.properties.property import FamilyError, smoke_call
 from ropecheck.properties.runner import PROFILES, RunOptions
 from ropecheck.session import known_failures
 from ropecheck.session.loading import is_named
-from ropecheck.session.options import Options, UsageError
+from ropecheck.session.options import SANITIZE_EXAMPLES, Options, UsageError
 from ropecheck.session.session import Reproduce, Session
 from ropecheck.session.spec import UnusableTarget, build, family_of, header
 from ropecheck.targets.target import Target
@@ -74,11 +74,12 @@ def run_seed(seed: Optional[int], profile: str) -> Optional[int]:
 
 
 def run_options(options: Options, seed: Optional[int]) -> RunOptions:
+    examples = options.max_examples or (SANITIZE_EXAMPLES if options.sanitize else None)
     return RunOptions(
         profile=options.profile,
         seed=seed,
         timeout=options.timeout,
-        max_examples=options.max_examples,
+        max_examples=examples,
         strict_layouts=options.strict_layouts,
         sizes=options.sizes,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ropecheck.calling import devices
+from ropecheck.calling import devices, sanitizer
 from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.interface import TENSOR_FORMS
@@ -60,6 +60,7 @@ def build(options: Options) -> Target:
         if one_d and is_named(spec) and spec in BUILTINS
         else {}
     )
+    _check_sanitize(options)
     try:
         devices.require(options.device)
         target = load(
@@ -69,6 +70,7 @@ def build(options: Options) -> Target:
             family=options.family,
             builtin_options=builtin_options,
             api=options.api,
+            sanitize=options.sanitize,
         )
     except (TargetLoadError, ValueError, OSError) as exc:
         raise UnusableTarget(
@@ -79,6 +81,23 @@ def build(options: Options) -> Target:
     except BaseException:
         target.close()
         raise
+
+
+def _check_sanitize(options: Options) -> None:
+    """--sanitize runs the target's worker under compute-sanitizer: it needs a worker, a
+    CUDA device and the sanitizer (exit 2 with the reason, before anything loads)."""
+    if options.sanitize is None:
+        return
+    if in_process(options):
+        raise UsageError(
+            "--sanitize runs the target's worker process under compute-sanitizer: it cannot run a target "
+            "called in this process (--in-process, or a Python object: pass its name)"
+        )
+    if options.device is None or not str(options.device).startswith("cuda"):
+        raise UnusableTarget("--sanitize checks what CUDA kernels read and write: give --device cuda")
+    why = sanitizer.available()
+    if why:
+        raise UnusableTarget(f"--sanitize: {why}")
 
 
 def declare(target: Target, options: Options) -> Target:

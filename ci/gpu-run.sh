@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# ci/gpu-run.sh [--rehearse] [--quick] [--steps NAME,...] OUT_DIR
+#
+# The GPU campaign in one command, on a CUDA machine, in at most 25 minutes (GPU_RUN_BUDGET
+# seconds, default 1500): install the wheels brought along (WHEELS, default .whl/: see
+# ci/gpu-wheels.sh), the execution envelope, the project kernel's tests compiled (not
+# interpreted), the kernel compiled ahead of time, `ropecheck check` over every GPU target
+# (--device cuda, --profile production, modes eager / compile / cudagraph, bf16 and fp16),
+# compute-sanitizer on the planted kernels and `triton`, the GPU benchmarks with their
+# copy baseline (pytest-benchmark JSON), and the report: OUT_DIR/docs/report-gpu/
+# (report.md, report.json, benchmarks.md, aot.md, commands.md), ready to be copied into
+# the repository.
+#
+# Every step runs under `timeout` (its own box, cut to what the budget has left), with its
+# output in OUT_DIR/logs/STEP.log; a failing step is recorded and the run goes on. The end:
+# a summary table (step, status, seconds) on stdout and in OUT_DIR/summary.md, and
+# OUT_DIR/gpu-run.tar.gz holding everything else in OUT_DIR (the device tool brings back at
+# most 8 files: fetch the tarball and summary.md).
+#
+# --rehearse: the same steps on CPU, producing the same files: the Triton interpreter, the
+#   ci profile, --device cpu, eager mode only (compile and cudagraph need CUDA or take
+#   minutes on CPU), float32; the sanitizer step parses the recorded sample reports of
+#   tests/data/sanitizer/ instead of running compute-sanitizer (there is no GPU to run it on);
+#   the benchmark step runs bench_gpu_rope.py (skipped without CUDA) and, for a real
+#   pytest-benchmark JSON, the float64 reference benchmark.
+# --quick: with --rehearse, the smallest run (tests/test_gpu_run.py): one target per kind
+#   of step, its reference property only, two examples.
+# --steps: run only these steps (comma-separated names or prefixes, e.g. install,check-triton).
+#
+# Environment: PYTHON (the interpreter; default .venv/bin/python when rehearsing, else
+# python3), WHEELS (default .whl), SITE (where wheels install; default OUT_DIR/site when
+# rehearsing, /tmp/ropecheck-site otherwise), GPU_RUN_BUDGET (seconds).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+rehearse=0
+quick=0
+only=""
+internal=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rehearse) rehearse=1 ;;
+        --quick) quick=1 ;;
+        --steps) only=$2; shift ;;
+        --steps=*) only=${1#--steps=} ;;
+        --internal) internal=$2; shift; shift; break ;;
+        -h|--help) usage; exit 0 ;;
+        -*) echo "gpu-run: unknown option $1" >&2; usage >&2; exit 2 ;;
+        *) break ;;
+    esac
+    shift
+done
+
+if [ -n "$internal" ]; then
+    # --internal STEP ARGS...: a step of several commands, run under `timeout` by the parent
+    case $internal in
+        install)
+            # install [WHEELS SITE MODE]: the wheels into SITE (--target), and ropecheck's
+            # subpackages reachable from the checkout (tests and benchmarks import the
+            # checkout's ropecheck/ first: properties/ and reference/ are linked into it when
+            # nothing else maps them)
+            wheels=$1; site=$2; py=$3; mode=$4; out=$5
+            if ! compgen -G "$wheels/*.whl" >/dev/null; then
+                echo "no wheels in $wheels: building ropecheck's own into $out/wheels"
+                wheels=$out/wheels
+                mkdir -p "$wheels"
+                # from a copy: a build in the checkout would leave build/ and *.egg-info there
+                src=$(mktemp -d)
+                cp -r "$repo"/{pyproject.toml,README.md,ropecheck,properties,reference} "$src/"
+                "$py" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation \
+                    -w "$wheels" "$src" || exit 1
+                rm -rf "$src"
+            fi
+            ls -l "$wheels"/*.whl
+            mkdir -p "$site"
+            "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
+                --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl || exit 1
+            echo "installed into $site:"
+            ls "$site"
+            (cd /tmp && PYTHONPATH=$site "$py" -c "
+import importlib.util as u, ropecheck, ropecheck.properties, ropecheck.reference
+print('ropecheck from', ropecheck.__file__)
+for name in ('liger_kernel', 'flash_attn', 'flashinfer'):
+    spec = u.find_spec(name)
+    print(name, 'at', spec.origin if spec else None)
+") || exit 1
+            exit 0 ;;
+        sanitize)
+            # sanitize NAME EXPECT OUT PY TARGET ARGS...: TARGET's check with --sanitize (its
+            # worker under compute-sanitizer memcheck): its output kept as the log, its JSON
+            # record's sanitizer findings are what the record of this step says
+            name=$1; expect=$2; out=$3; py=$4; shift 4
+            log=$out/sanitizer/$name.memcheck.log
+            "$py" -m ropecheck check "$@" --sanitize --json "$out/sanitizer/$name.check.json" 2>&1 | tee "$log"
+            echo "check exit ${PIPESTATUS[0]}"
+            "$py" ci/gpu_report.py sanitizer "$name" "$log" "$out/sanitizer/$name.json" --expect "$expect" \
+                --check-json "$out/sanitizer/$name.check.json"
+            exit $? ;;
+        sanitize-sample)
+            # sanitize-sample NAME EXPECT OUT PY SAMPLE: the rehearsal of the above: the parser
+            # on a recorded sample report (no GPU here)
+            name=$1; expect=$2; out=$3; py=$4; sample=$5
+            cp "$sample" "$out/sanitizer/$name.memcheck.log"
+            echo "rehearsal: no compute-sanitizer run; parsing the recorded sample $sample"
+            "$py" ci/gpu_report.py sanitizer "$name" "$out/sanitizer/$name.memcheck.log" \
+                "$out/sanitizer/$name.json" --expect "$expect"
+            exit $? ;;
+        bench)
+            # bench OUT PY REHEARSE PART: the GPU benchmark, in two parts with a JSON file each
+            # (main: every implementation but torch.compile of HF's; compiled: that one, which
+            # compiles once per shape), so that a time box stopping one keeps the other. On
+            # CPU, where bench_gpu_rope.py is skipped, the float64 reference benchmark stands
+            # in, for a real pytest-benchmark JSON file.
+            out=$1; py=$2; rehearse=$3; part=$4
+            json=$out/bench/benchmark-$part.json
+            bench_args=(--benchmark-enable -p no:cacheprovider -p no:xdist -q -rs --benchmark-json "$json")
+            if [ "$part" = main ]; then
+                select="test_rope_gpu and not hf-compiled"; layout=half
+            else
+                select="test_rope_gpu and hf-compiled"; layout=interleaved
+            fi
+            if [ "$rehearse" = 1 ]; then
+                echo "rehearsal: bench_gpu_rope.py needs CUDA (skipped); the float64 reference benchmark stands in"
+                "$py" -m pytest benchmarks/bench_gpu_rope.py benchmarks/bench_reference.py \
+                    -k "($select) or (throughput and $layout)" "${bench_args[@]}"
+            else
+                "$py" -m pytest benchmarks/bench_gpu_rope.py -k "$select" "${bench_args[@]}"
+            fi
+            rc=$?
+            "$py" ci/gpu_report.py bench-table "$out"/bench/benchmark-*.json "$out/bench/benchmarks.md"
+            if [ ! -s "$json" ]; then echo "no benchmark ran (pytest exit $rc)"; exit 1; fi
+            exit $rc ;;
+        *) echo "gpu-run: unknown internal step $internal" >&2; exit 2 ;;
+    esac
+fi
+
+if [ $# -ne 1 ]; then usage >&2; exit 2; fi
+mkdir -p "$1" || exit 2
+out=$(cd "$1" && pwd)
+mode=gpu
+[ $rehearse = 1 ] && mode=rehearsal
+if [ $quick = 1 ] && [ $rehearse = 0 ]; then echo "gpu-run: --quick goes with --rehearse" >&2; exit 2; fi
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    if [ $rehearse = 1 ] && [ -x .venv/bin/python ]; then py=$repo/.venv/bin/python; else py=python3; fi
+fi
+wheels=${WHEELS:-$repo/.whl}
+if [ $rehearse = 1 ]; then site=${SITE:-$out/site}; else site=${SITE:-/tmp/ropecheck-site}; fi
+budget=${GPU_RUN_BUDGET:-1500}
+reserve=45  # kept back for the report, the summary and the tarball
+mkdir -p "$out/logs" "$out/checks" "$out/sanitizer" "$out/bench" "$out/docs/report-gpu"
+: >"$out/steps.tsv"
+: >"$out/commands.tsv"
+rm -f "$out/REHEARSAL" "$out/gpu-run.tar.gz"
+[ $rehearse = 1 ] && echo "CPU rehearsal: no figure here is a GPU figure" >"$out/REHEARSAL"
+started=$SECONDS
+if [ $rehearse = 1 ]; then
+    export TRITON_INTERPRET=1  # the kernels on CPU tensors (ropecheck sets it anyway without CUDA)
+else
+    unset TRITON_INTERPRET      # compiled: on a GPU nothing may interpret
+fi
+echo "gpu-run: $mode into $out, budget $budget s, python $py ($("$py" --version 2>&1))"
+
+selected() {  # selected STEP: whether --steps lets STEP run
+    [ -z "$only" ] && return 0
+    local want
+    IFS=, read -ra want <<<"$only"
+    for w in "${want[@]}"; do [[ $1 == "$w"* ]] && return 0; done
+    return 1
+}
+
+record() {  # record STEP STATUS SECONDS EXIT NOTE
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$out/steps.tsv"
+    printf 'gpu-run: %-34s %-9s %5s s  %s\n' "$1" "$2" "$3" "$5"
+}
+
+step() {  # step NAME BOX_SECONDS COMMAND...: run it time-boxed, logged and recorded
+    local name=$1 box=$2
+    shift 2
+    selected "$name" || return 0
+    local left=$((budget - (SECONDS - started) - reserve))
+    if [ $left -lt 20 ]; then
+        record "$name" skipped 0 - "no time left in the $budget s budget"
+        return 0
+    fi
+    [ "$box" -gt "$left" ] && box=$left
+    local quoted
+    quoted=$(printf '%q ' "$@")
+    printf '%s\t%s\n' "$name" "${quoted% }" >>"$out/commands.tsv"
+    local log=$out/logs/$name.log begin=$SECONDS rc
+    { echo "# ${quoted% }"; echo "# time box ${box} s"; } >"$log"
+    timeout -k 15 "$box" "$@" >>"$log" 2>&1 </dev/null
+    rc=$?
+    local took=$((SECONDS - begin))
+    case $rc in
+        0) record "$name" passed "$took" 0 "" ;;
+        124|137) record "$name" timeout "$took" "$rc" "stopped at its ${box} s box" ;;
+        *) record "$name" failed "$took" "$rc" "$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-160 | tr '\t' ' ')" ;;
+    esac
+    return 0
+}
+
+self=("$BASH" "$repo/ci/gpu-run.sh")
+
+# -- 1. install (first, so that the envelope sees the libraries brought along)
+step install 180 "${self[@]}" --internal install "$wheels" "$site" "$py" "$mode" "$out"
+if [ $mode = gpu ] && [ -d "$site" ] && grep -q "^install	passed" "$out/steps.tsv"; then
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+# -- 2. envelope
+envelope_args=()
+[ $rehearse = 1 ] && envelope_args=(--rehearse)
+step envelope 120 "$py" ci/gpu_report.py envelope "$out" "${envelope_args[@]}"
+if [ $mode = gpu ] && command -v nvidia-smi >/dev/null; then
+    nvidia-smi >"$out/logs/nvidia-smi.log" 2>&1
+fi
+
+# -- 3. the kernel's tests (compiled on a GPU; interpreted in the rehearsal)
+kernel_tests=(-m pytest -q tests/test_triton_kernel.py -p no:cacheprovider -p no:xdist
+              --junitxml "$out/kernel-tests.xml")
+if [ $quick = 1 ]; then
+    kernel_tests+=(-k "(matches_reference and float32 and half and None) or q_and_k_in_one_launch")
+fi
+step kernel-tests 240 "$py" "${kernel_tests[@]}"
+
+# -- 4. the kernel compiled ahead of time for sm_90a and sm_80 (the toolchain of this machine)
+aot_scope=ci
+[ $quick = 1 ] && aot_scope=main
+step aot 120 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
+    --markdown "$out/docs/report-gpu/aot.md"
+
+# -- 5. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean)
+planted=tests/gpu_kernels.py
+sanitized=("past_row_read|found|$planted:past_row_read --layout half|memcheck_past_row_read"
+           "past_head_store|found|$planted:past_head_store --layout half|memcheck_past_head_store"
+           "triton|clean|triton|clean")
+[ $quick = 1 ] && sanitized=("${sanitized[0]}" "${sanitized[2]}")
+for entry in "${sanitized[@]}"; do
+    IFS='|' read -r name expect target sample <<<"$entry"
+    if [ $rehearse = 1 ]; then
+        step "sanitize-$name" 60 "${self[@]}" --internal sanitize-sample "$name" "$expect" "$out" "$py" \
+            "tests/data/sanitizer/$sample.txt"
+    else
+        # shellcheck disable=SC2086  # the target's words
+        step "sanitize-$name" 180 "${self[@]}" --internal sanitize "$name" "$expect" "$out" "$py" \
+            $target --device cuda --profile ci --dtype bfloat16 --max-examples 3 --timeout 120
+    fi
+done
+
+# -- 6. the benchmarks, with the copy baseline
+step bench 300 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
+step bench-compiled 180 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
+
+# -- 7. ropecheck check over every GPU target, one step per target and mode (a time box
+# that stops one keeps the others' records)
+if [ $rehearse = 1 ]; then
+    check_common=(--device cpu --profile ci --dtype float32)
+    [ $quick = 1 ] && check_common+=(--max-examples 2 --property reference)
+    modes=(eager)
+else
+    check_common=(--device cuda --profile production --dtype bfloat16,float16)
+    modes=(eager compile cudagraph)
+fi
+# name|target and its flags|modes (default: all of $modes)|time box
+targets=("triton|triton||240"
+         "triton-interleaved|triton-interleaved --rotary-dim 64||180"
+         "triton-qk|triton-qk||240"
+         "triton-packed|triton-packed||180"
+         "liger-kernel|liger-kernel||180"
+         "flash-attn-rotary|flash-attn-rotary||150"
+         "flash-attn-rotary-offsets|flash-attn-rotary-offsets||150"
+         "flash-attn-rotary-interleaved|flash-attn-rotary-interleaved||120"
+         "flash-attn-rotary-inplace|flash-attn-rotary-inplace||120"
+         "flash-attn-rotary-interleaved-offsets|flash-attn-rotary-interleaved-offsets||120"
+         "flash-attn-rotary-interleaved-inplace|flash-attn-rotary-interleaved-inplace||120"
+         "hf-llama|hf-llama|eager compile|180"
+         "flashinfer|$planted:flashinfer_rope --layout half||150")
+if [ $quick = 1 ]; then
+    targets=("triton|triton||120")
+elif [ $rehearse = 1 ]; then
+    # the interpreter runs the Triton libraries slowly; FlashInfer needs CUDA
+    targets=("${targets[0]}" "${targets[2]}" "${targets[3]}" "${targets[4]}" "${targets[5]}"
+             "${targets[11]}" "planted-past_row_read|$planted:past_row_read --layout half||120")
+fi
+for mode_name in "${modes[@]}"; do
+    for entry in "${targets[@]}"; do
+        IFS='|' read -r name target target_modes box <<<"$entry"
+        [ -n "$target_modes" ] && [[ " $target_modes " != *" $mode_name "* ]] && continue
+        if [ "$name" = flashinfer ] && ! "$py" -c "import flashinfer" >/dev/null 2>&1; then
+            selected "check-$name-$mode_name" && record "check-$name-$mode_name" skipped 0 - \
+                "flashinfer is not installed (its wheel is not brought: see ci/gpu-wheels.sh)"
+            continue
+        fi
+        # shellcheck disable=SC2086
+        step "check-$name-$mode_name" "$box" "$py" -m ropecheck check $target "${check_common[@]}" \
+            --mode "$mode_name" --json "$out/checks/$name-$mode_name.json" \
+            --junit "$out/checks/$name-$mode_name.xml"
+    done
+done
+
+# -- 8. the report, the summary, the tarball (outside the budget's steps: always made)
+begin=$SECONDS
+printf '%s\t%s\n' report "$py ci/gpu_report.py report $out" >>"$out/commands.tsv"
+if "$py" ci/gpu_report.py report "$out" >"$out/logs/report.log" 2>&1; then
+    record report passed $((SECONDS - begin)) 0 ""
+else
+    record report failed $((SECONDS - begin)) 1 "see logs/report.log"
+fi
+"$py" ci/gpu_report.py summary "$out"
+part=$(mktemp "${TMPDIR:-/tmp}/gpu-run.XXXXXX")
+tar -czf "$part" --exclude="$(basename "$out")/site" --exclude="$(basename "$out")/wheels" \
+    -C "$(dirname "$out")" "$(basename "$out")" && mv "$part" "$out/gpu-run.tar.gz"
+echo "gpu-run: $(( SECONDS - started )) s in all; $out/summary.md; $out/gpu-run.tar.gz ($(du -k "$out/gpu-run.tar.gz" | cut -f1) KiB)"
+# exit 1 when a step failed or ran out of time (everything above is written either way)
+if cut -f2 "$out/steps.tsv" | grep -qxE 'failed|timeout'; then exit 1; fi
+exit 0
