@@ -128,6 +128,9 @@ def _fixed_inputs(prop, ctx: Context) -> list:
         fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
         fixed.append(huge_case(ctx.dtype, r, call))
+    if call == "qk" and ctx.target.k_optional and getattr(ctx.target, "interface", None) is not None:
+        # an interface that takes key=None (MLA, cross-attention) is given it every run
+        fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
     out = []
     for case in fixed:
         case = for_interface(case, ctx.target)

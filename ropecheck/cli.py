@@ -394,6 +394,32 @@ def list_targets(options):
     for e in rows:
         if e.notes:
             console.print(f"  {e.name}: {e.notes}", markup=False)
+    _list_presets(console)
+
+
+def _list_presets(console) -> None:
+    """The library interfaces (``--api``): each preset's signature and the targets that
+    are called through one."""
+    from rich.table import Table
+
+    from ropecheck.calling.presets import PRESETS
+    from ropecheck.report.catalog import entries
+
+    through: dict = {}
+    for e in entries():
+        if e.api:
+            through.setdefault(e.api, []).append(e.name)
+    table_ = Table(
+        title="library interfaces (--api NAME: a kernel in that signature, no wrapper)", title_justify="left"
+    )
+    table_.add_column("--api", no_wrap=True)
+    for column in ("signature (as ropecheck calls it)", "library", "targets through it"):
+        table_.add_column(column, overflow="fold")
+    for name, preset in PRESETS.items():
+        table_.add_row(
+            f"--api {name}", escape(preset.signature()), escape(preset.library), ", ".join(through.get(name, [])) or "-"
+        )
+    console.print(table_)
 
 
 @table_command(

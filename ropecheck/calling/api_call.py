@@ -30,7 +30,7 @@ from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, 
 from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.cases import LAYOUTS
 from ropecheck.properties.dtypes import dtype_name
-from ropecheck.properties.interface import segment_lengths
+from ropecheck.properties.interface import Table, segment_lengths
 
 
 def _tokens(t: torch.Tensor, flat: bool) -> Optional[torch.Tensor]:
@@ -152,21 +152,31 @@ class _Call:
         return tuple(n for row in self.positions.cpu().numpy() for n in segment_lengths(row))
 
     # --- tables --------------------------------------------------------------------------
+    @property
+    def table(self) -> Table:
+        table = self.preset.table
+        assert table is not None, f"--api {self.preset.name} takes no table"
+        return table
+
     def table_dtype(self) -> str:
-        return self.preset.table.dtype_for(dtype_name(self.x.dtype))
+        return self.table.dtype_for(dtype_name(self.x.dtype))
 
     def row_table(self, kind: str):
         rows = self.form.table_rows
         largest = int(self.positions.max()) if self.positions.numel() else 0
         if largest >= rows:
-            raise ValueError(f"position {largest} is past the {rows} rows of the {self.preset.table.argument} table")
+            raise ValueError(f"position {largest} is past the {rows} rows of the {self.table.argument} table")
         key = (kind, self.convention, rows, self.rotary_dim, self.table_dtype(), str(self.x.device))
-        self.tables.append(key + (self.form.table_sign, self.preset.table.width))
-        return tables.table(*key, sign=self.form.table_sign, width=self.preset.table.width)
+        self.tables.append(key + (self.form.table_sign, self.table.width))
+        return tables.table(*key, sign=self.form.table_sign, width=self.table.width)
 
     def token_table(self):
         cos, sin = tables.by_token(
-            self.convention, self.positions, self.rotary_dim, self.table_dtype(), self.preset.table.width,
+            self.convention,
+            self.positions,
+            self.rotary_dim,
+            self.table_dtype(),
+            self.table.width,
             self.form.table_sign,
         )
         self.fresh = (cos, sin, cos.clone(), sin.clone())
@@ -174,7 +184,7 @@ class _Call:
 
     def cos_sin(self):
         if not hasattr(self, "_cos_sin"):
-            by_row = self.preset.table.by == "position"
+            by_row = self.table.by == "position"
             self._cos_sin = self.row_table("cos_sin") if by_row else self.token_table()
         return self._cos_sin
 
@@ -183,10 +193,10 @@ class _Call:
             kind, conv, rows, r, dtype, device, sign, width = key
             changed = tables.untouched(kind, conv, rows, r, dtype, device, sign, width)
             if changed:
-                raise ReturnedWrong("mutated", f"the target wrote into {self.preset.table.argument} ({changed})")
+                raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument} ({changed})")
         fresh = getattr(self, "fresh", None)
         if fresh is not None and not (torch.equal(fresh[0], fresh[2]) and torch.equal(fresh[1], fresh[3])):
-            raise ReturnedWrong("mutated", f"the target wrote into {self.preset.table.argument}")
+            raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument}")
 
     # --- the arguments -------------------------------------------------------------------
     def value(self, role: str, tensors: dict) -> Any:

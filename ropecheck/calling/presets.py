@@ -31,6 +31,9 @@ from ropecheck.properties.cases import INTERFACE_LAYOUTS
 from ropecheck.properties.interface import Interface, Table
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
+# the roles whose value is always the parameter's default: never passed, so a kernel need
+# not have them (transformers' apply_rotary_pos_emb has no position_ids since 4.48)
+ALWAYS_DEFAULT = ("none", "unsqueeze_dim", "cp_size", "cp_rank")
 TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by position, by default
 
 # the realistic layouts of a serving engine's (tokens, heads, head_dim) tensors: bshd
@@ -54,7 +57,8 @@ class Param:
     def shown(self) -> str:
         if self.positional:
             return self.name
-        return f"{self.name}={self.default!r}" if not isinstance(self.default, float) else f"{self.name}={self.default:g}"
+        shown = f"{self.default:g}" if isinstance(self.default, float) else repr(self.default)
+        return f"{self.name}={shown}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class Preset:
         except (TypeError, ValueError):
             return None
         try:
-            signature.bind(*[None] * len(self.positional()), **{p.name: None for p in self.keywords()})
+            passed = {p.name: None for p in self.keywords() if p.role not in ALWAYS_DEFAULT}
+            signature.bind(*[None] * len(self.positional()), **passed)
         except TypeError as exc:
             name = getattr(fn, "__name__", "target")
             return (

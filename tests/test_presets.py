@@ -1,0 +1,112 @@
+"""Library interfaces as presets (``--api``, issue 25): a kernel written to a real library's
+RoPE signature is checked with no wrapper; every correct one passes and every broken one
+fails, in float32 and bfloat16, and a failure names the interface argument at fault."""
+
+from __future__ import annotations
+
+import pytest
+
+import ropecheck
+from ropecheck.calling.presets import PRESETS
+from tests.test_cli import check as cli_check
+from tests.test_cli import run_cli
+
+KERNELS = "tests/preset_kernels.py"
+DTYPES = "float32,bfloat16"
+# the quick properties a correct kernel must pass in every preset (the whole set runs in
+# the acceptance corpus): the contract, the reference, the laws across calls
+QUICK = ["contract", "reference", "relativity", "statelessness", "batch-independence"]
+
+
+def run(name: str, api: str, properties=QUICK, **options):
+    options.setdefault("layout", "half")
+    return ropecheck.check(f"{KERNELS}:{name}", api=api, dtypes=DTYPES, properties=properties, in_process=True,
+                           **options)
+
+
+CORRECT = [
+    ("vllm_correct", "vllm", {}),
+    ("vllm_correct", "vllm", {"layout": "interleaved"}),
+    ("vllm_correct", "vllm", {"rotary_dim": 8}),
+    ("flashinfer_cache_correct", "flashinfer-cos-sin-cache", {}),
+    ("pos_ids_correct", "flashinfer-pos-ids", {"rotary_dim": 8}),
+    ("pos_ids_correct", "flashinfer-pos-ids", {"layout": "interleaved", "scaling": "linear:4"}),
+    ("flash_correct", "flash-attn", {}),
+    ("flash_correct", "flash-attn", {"call": "packed", "layout": "interleaved"}),
+    ("hf_correct", "hf", {}),
+    ("te_correct", "te", {}),
+    ("te_correct", "te", {"call": "packed"}),
+]
+
+
+@pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{n}-{len(o)}" for n, a, o in CORRECT])
+def test_a_correct_kernel_in_its_libraries_signature_passes(name, api, options):
+    report = run(name, api, **options)
+    assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
+
+
+# (kernel, preset, options, the property that must catch it, words its message must hold)
+BROKEN = [
+    ("vllm_next_row", "vllm", {}, "reference", ""),
+    ("vllm_cos_sin_swapped", "vllm", {}, "reference", "cos and sin are swapped"),
+    ("vllm_key_none_crashes", "vllm", {}, "reference", "k None"),
+    ("vllm_key_none_rotates_query", "vllm", {}, "reference", "k None"),
+    ("vllm_rotary_dim_ignored", "vllm", {"rotary_dim": 8}, "reference", ""),
+    ("vllm_one_head_stride", "vllm", {}, "reference", ""),
+    ("vllm_token_stride_ignored", "vllm", {}, "reference", ""),
+    ("vllm_mqa_key_unrotated", "vllm", {}, "reference", "k's head 0"),
+    ("vllm_wrong_head", "vllm", {}, "reference", ""),
+    ("vllm_fused_path_bug", "vllm", {}, "reference", ""),
+    ("flashinfer_cache_next_row", "flashinfer-cos-sin-cache", {}, "reference", ""),
+    ("pos_ids_rotary_dim_ignored", "flashinfer-pos-ids", {"rotary_dim": 8}, "reference", "rotary_dim is not applied"),
+    ("pos_ids_int16", "flashinfer-pos-ids", {}, "reference", ""),
+    ("flash_row0_offsets", "flash-attn", {}, "reference", "batch row 0's seqlen_offsets"),
+    ("flash_decode_row0", "flash-attn", {}, "reference", ""),
+    ("flash_cos_sin_swapped", "flash-attn", {}, "reference", "cos and sin are swapped"),
+    ("flash_half_read_as_full", "flash-attn", {}, "reference", "read as a full-width table"),
+    ("hf_batch_row0", "hf", {}, "reference", ""),
+    ("hf_mqa_key_unrotated", "hf", {}, "reference", "k's head 0"),
+    ("te_row0_start_positions", "te", {}, "reference", "batch row 0's start_positions"),
+]
+
+
+@pytest.mark.parametrize("name, api, options, prop, words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_broken_kernel_in_its_libraries_signature_fails(name, api, options, prop, words):
+    report = run(name, api, properties=[prop], **options)
+    failed = {r.dtype for r in report.failures if r.property == prop}
+    assert failed == {"float32", "bfloat16"}, [(r.property, r.dtype, r.status) for r in report.results]
+    text = " ".join(f"{r.message} {r.diagnosis} {r.counterexample}" for r in report.failures)
+    assert words in text, text
+
+
+def test_a_cache_read_one_row_late_is_named_by_row_token_and_position():
+    report = run("vllm_next_row", "vllm", properties=["reference"], dtypes="float32")
+    (failure,) = report.failures
+    assert "of cos_sin_cache is read for token" in failure.diagnosis, failure.diagnosis
+    assert "off by +1" in failure.diagnosis
+
+
+def test_a_target_whose_signature_does_not_fit_its_preset_is_exit_2_with_the_signature():
+    result = cli_check(f"{KERNELS}:not_a_preset", "--api", "vllm", "--layout", "half")
+    assert result.exit_code == 2, result.output
+    assert "fn(positions, query, key, head_size, cos_sin_cache, is_neox)" in " ".join(result.output.split())
+
+
+def test_a_table_made_once_refuses_a_scaling_whose_frequencies_change_with_the_call():
+    result = cli_check(f"{KERNELS}:vllm_correct", "--api", "vllm", "--layout", "half", "--scaling", "dynamic:2")
+    assert result.exit_code == 2, result.output
+    assert "cos_sin_cache" in result.output
+
+
+def test_presets_are_listed_with_their_signatures():
+    result = run_cli("list")
+    text = " ".join(result.output.split())
+    for name, preset in PRESETS.items():
+        assert f"--api {name}" in text
+        assert " ".join(preset.signature().split()) in text
+
+
+def test_an_unknown_preset_is_a_usage_error():
+    result = cli_check(f"{KERNELS}:vllm_correct", "--api", "vllm2", "--layout", "half")
+    assert result.exit_code == 2
+    assert "vllm2" in result.output
