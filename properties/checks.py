@@ -22,6 +22,7 @@ from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close,
 from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.fixed_cases import in_form, within
 from ropecheck.properties.interface import CallError
+from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
     ONE_D,
     Context,
@@ -534,5 +535,9 @@ def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     exact = against_reference(ctx, vjp_returned, g, p, inverse=True, what="VJP(g) against R_m^T g = f_ref(g, -m)")
     return max(adjoint, exact)
 
+
+# the properties of table-fed library interfaces, in the same table
+for _name, (_fields, _check) in TABLE_CHECKS.items():
+    register(name=_name, **_fields)(_check)
 
 __all__ = ["PROPERTIES", "Property", "Context", "CheckFailure"]

@@ -398,10 +398,8 @@ def list_targets(options):
 
 
 def _list_presets(console) -> None:
-    """The library interfaces (``--api``): each preset's signature and the targets that
-    are called through one."""
-    from rich.table import Table
-
+    """The library interfaces (``--api``): each preset's signature, its library, and the
+    targets called through it."""
     from ropecheck.calling.presets import PRESETS
     from ropecheck.report.catalog import entries
 
@@ -409,17 +407,14 @@ def _list_presets(console) -> None:
     for e in entries():
         if e.api:
             through.setdefault(e.api, []).append(e.name)
-    table_ = Table(
-        title="library interfaces (--api NAME: a kernel in that signature, no wrapper)", title_justify="left"
-    )
-    table_.add_column("--api", no_wrap=True)
-    for column in ("signature (as ropecheck calls it)", "library", "targets through it"):
-        table_.add_column(column, overflow="fold")
+    console.print("\nlibrary interfaces (--api NAME: a kernel in that signature, checked with no wrapper):")
     for name, preset in PRESETS.items():
-        table_.add_row(
-            f"--api {name}", escape(preset.signature()), escape(preset.library), ", ".join(through.get(name, [])) or "-"
+        targets = ", ".join(through.get(name, [])) or "none"
+        console.print(
+            f"  --api {name}: {preset.signature()}; {preset.library}; built-in targets: {targets}",
+            markup=False,
+            soft_wrap=True,
         )
-    console.print(table_)
 
 
 @table_command(

@@ -153,6 +153,16 @@ def vllm_rotary_dim_ignored(positions, query, key, head_size, cos_sin_cache, is_
             v.copy_(_rotate(v, cos[:, None], sin[:, None], is_neox))
 
 
+_KEPT: dict = {}
+
+
+def vllm_stale_cache(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """Keeps the float32 copy of the first cache it was given for each shape and dtype (a
+    model's other caches, a cache rebuilt for new scaling, are never read)."""
+    kept = _KEPT.setdefault((tuple(cos_sin_cache.shape), cos_sin_cache.dtype), cos_sin_cache.float().clone())
+    _cache_rotary(positions, query, key, head_size, kept.to(cos_sin_cache.dtype), is_neox)
+
+
 # FlashInfer's apply_rope_with_cos_sin_cache_inplace: the same signature, a float32 cache
 def flashinfer_cache_correct(positions, query, key, head_size, cos_sin_cache, is_neox=True):
     _cache_rotary(positions, query, key, head_size, cos_sin_cache, is_neox)
@@ -335,3 +345,21 @@ def te_row0_start_positions(
 def not_a_preset(x: torch.Tensor, positions: torch.Tensor, extra: Optional[int] = None):
     """A rope(x, positions) kernel: no preset's signature fits it."""
     return x
+
+
+# --- the same kernel wrapped as rope(x, positions): what a user writes without --api ------
+
+
+def vllm_wrapped(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """vllm_correct behind the wrapper --api makes unnecessary: a cos_sin_cache (half
+    layout, base 10000) for positions 0 .. max, the batch flattened into tokens, a clone
+    rotated in place."""
+    rows = int(positions.max()) + 1 if positions.numel() else 1
+    r = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    phi = torch.arange(rows, dtype=torch.float64)[:, None] * theta
+    cache = torch.cat((phi.cos(), phi.sin()), -1).to(x.dtype)
+    b, s, h, d = x.shape
+    out = x.detach().clone().reshape(b * s, h * d)
+    vllm_correct(positions.reshape(-1).long(), out, None, d, cache.to(x.device), True)
+    return out.reshape(b, s, h, d)

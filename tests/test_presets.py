@@ -13,15 +13,15 @@ from tests.test_cli import run_cli
 
 KERNELS = "tests/preset_kernels.py"
 DTYPES = "float32,bfloat16"
-# the quick properties a correct kernel must pass in every preset (the whole set runs in
-# the acceptance corpus): the contract, the reference, the laws across calls
-QUICK = ["contract", "reference", "relativity", "statelessness", "batch-independence"]
+# the properties a correct kernel must pass here (every property runs in the acceptance
+# corpus, acceptance/corpus.py "api-*"): the contract, the reference, the table of -m
+QUICK = ["contract", "reference", "table-inverse"]
 
 
 def run(name: str, api: str, properties=QUICK, **options):
     options.setdefault("layout", "half")
-    return ropecheck.check(f"{KERNELS}:{name}", api=api, dtypes=DTYPES, properties=properties, in_process=True,
-                           **options)
+    options.setdefault("dtypes", DTYPES)
+    return ropecheck.check(f"{KERNELS}:{name}", api=api, properties=properties, in_process=True, **options)
 
 
 CORRECT = [
@@ -30,7 +30,7 @@ CORRECT = [
     ("vllm_correct", "vllm", {"rotary_dim": 8}),
     ("flashinfer_cache_correct", "flashinfer-cos-sin-cache", {}),
     ("pos_ids_correct", "flashinfer-pos-ids", {"rotary_dim": 8}),
-    ("pos_ids_correct", "flashinfer-pos-ids", {"layout": "interleaved", "scaling": "linear:4"}),
+    ("pos_ids_correct", "flashinfer-pos-ids", {"layout": "interleaved", "scaling": "linear:factor=4"}),
     ("flash_correct", "flash-attn", {}),
     ("flash_correct", "flash-attn", {"call": "packed", "layout": "interleaved"}),
     ("hf_correct", "hf", {}),
@@ -42,6 +42,12 @@ CORRECT = [
 @pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{n}-{len(o)}" for n, a, o in CORRECT])
 def test_a_correct_kernel_in_its_libraries_signature_passes(name, api, options):
     report = run(name, api, **options)
+    assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
+
+
+@pytest.mark.parametrize("name", ["ropecheck-cache-rope", "ropecheck-cache-rope-flashinfer"])
+def test_the_projects_own_table_fed_kernel_passes_through_the_serving_presets(name):
+    report = ropecheck.check(name, dtypes=DTYPES, properties=QUICK, in_process=True)
     assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
 
 
@@ -57,6 +63,7 @@ BROKEN = [
     ("vllm_mqa_key_unrotated", "vllm", {}, "reference", "k's head 0"),
     ("vllm_wrong_head", "vllm", {}, "reference", ""),
     ("vllm_fused_path_bug", "vllm", {}, "reference", ""),
+    ("vllm_stale_cache", "vllm", {}, "table-inverse", "T_-m"),
     ("flashinfer_cache_next_row", "flashinfer-cos-sin-cache", {}, "reference", ""),
     ("pos_ids_rotary_dim_ignored", "flashinfer-pos-ids", {"rotary_dim": 8}, "reference", "rotary_dim is not applied"),
     ("pos_ids_int16", "flashinfer-pos-ids", {}, "reference", ""),
@@ -92,18 +99,27 @@ def test_a_target_whose_signature_does_not_fit_its_preset_is_exit_2_with_the_sig
     assert "fn(positions, query, key, head_size, cos_sin_cache, is_neox)" in " ".join(result.output.split())
 
 
-def test_a_table_made_once_refuses_a_scaling_whose_frequencies_change_with_the_call():
-    result = cli_check(f"{KERNELS}:vllm_correct", "--api", "vllm", "--layout", "half", "--scaling", "dynamic:2")
+REFUSED = [
+    ("vllm_correct", "vllm", ["--scaling", "dynamic:factor=2"], "cos_sin_cache"),
+    ("hf_correct", "hf", ["--rotary-dim", "8"], "--rotary-dim cannot be given"),
+    ("pos_ids_correct", "flashinfer-pos-ids", ["--scaling", "yarn:factor=4"], "rope_scale"),
+    ("vllm_correct", "vllm", ["--call", "packed"], "--call qk"),
+]
+
+
+@pytest.mark.parametrize("name, api, flags, words", REFUSED, ids=[f"{r[1]}-{r[2][0]}" for r in REFUSED])
+def test_what_an_interface_cannot_be_given_is_exit_2_with_the_reason(name, api, flags, words):
+    result = cli_check(f"{KERNELS}:{name}", "--api", api, "--layout", "half", *flags)
     assert result.exit_code == 2, result.output
-    assert "cos_sin_cache" in result.output
+    assert words in " ".join(result.output.split()), result.output
 
 
-def test_presets_are_listed_with_their_signatures():
+def test_presets_are_listed_with_their_signatures_and_the_targets_through_them():
     result = run_cli("list")
     text = " ".join(result.output.split())
+    assert "--api hf: " in text and "hf-apply-rotary-pos-emb" in text
     for name, preset in PRESETS.items():
-        assert f"--api {name}" in text
-        assert " ".join(preset.signature().split()) in text
+        assert f"--api {name}: {preset.signature()}" in text
 
 
 def test_an_unknown_preset_is_a_usage_error():

@@ -76,3 +76,30 @@ register(
         "CUDA the Triton interpreter",
     )
 )
+
+
+def _own():
+    from ropecheck.kernels.cache_rope import rotary_embedding
+
+    return rotary_embedding
+
+
+for _name, _api, _what in (
+    ("ropecheck-cache-rope", "vllm", "vLLM's ops.rotary_embedding"),
+    ("ropecheck-cache-rope-flashinfer", "flashinfer-cos-sin-cache", "FlashInfer's float32 cos_sin_cache"),
+):
+    register(
+        Adapter(
+            _name,
+            "ropecheck",
+            _own,
+            Convention("half", 10000.0),
+            f"ropecheck's own table-fed Triton kernel (ropecheck/kernels/cache_rope.py) through --api {_api} ({_what})",
+            modules=("triton",),
+            install="pip install triton",
+            dtypes=("float32", "bfloat16", "float16", "float64"),
+            backward=False,
+            api=_api,
+            notes="without CUDA: the Triton interpreter",
+        )
+    )

@@ -85,6 +85,7 @@ class Preset:
     layouts: dict = field(default_factory=lambda: {"half": True, "interleaved": False})
     scalings: Optional[tuple] = None
     max_position: Optional[int] = None
+    partial: bool = True  # takes a rotary dimension below the head size (features past it untouched)
     description: str = ""
 
     @property
@@ -266,6 +267,7 @@ PRESETS: dict[str, Preset] = {
             ),
             backward=True,
             layouts={"half": None, "interleaved": None},
+            partial=False,
             description="q (b, Hq, s, D), k (b, Hk, s, D); cos, sin (b, s, r) in q's dtype, each frequency twice "
             "(cat(f, f) for half, repeat_interleave(f, 2) for interleaved); returns new tensors",
         ),

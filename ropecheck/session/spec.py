@@ -195,6 +195,11 @@ def preset_refuses(preset, convention) -> str:
             f"{name} computes its own angles with rope_theta and rope_scale only: "
             f"--scaling {scaling.rope_type} cannot be given to it"
         )
+    if not preset.partial and convention.rotary_dim is not None:
+        return (
+            f"{name} rotates the whole head (its tables are head_dim wide; callers slice partial rotary "
+            f"features themselves): --rotary-dim cannot be given to it"
+        )
     table = preset.table
     if table is not None and table.by == "position":
         if scaling.dynamic:
