@@ -122,7 +122,8 @@ CHECKS.update({
 PRESET_KERNELS = {
     "vllm": ["vllm_correct", "vllm_next_row", "vllm_cos_sin_swapped", "vllm_key_none_crashes",
              "vllm_key_none_rotates_query", "vllm_one_head_stride", "vllm_token_stride_ignored",
-             "vllm_mqa_key_unrotated", "vllm_wrong_head", "vllm_fused_path_bug", "vllm_stale_cache"],
+             "vllm_mqa_key_unrotated", "vllm_wrong_head", "vllm_fused_path_bug", "vllm_stale_cache",
+             "vllm_writes_cache"],
     "flashinfer-cos-sin-cache": ["flashinfer_cache_correct", "flashinfer_cache_next_row"],
     "flashinfer-pos-ids": ["pos_ids_correct", "pos_ids_int16"],
     "flash-attn": ["flash_correct", "flash_row0_offsets", "flash_decode_row0", "flash_cos_sin_swapped",

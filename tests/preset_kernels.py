@@ -153,6 +153,12 @@ def vllm_rotary_dim_ignored(positions, query, key, head_size, cos_sin_cache, is_
             v.copy_(_rotate(v, cos[:, None], sin[:, None], is_neox))
 
 
+def vllm_writes_cache(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """Rotates correctly, then zeroes the cache rows it read (a scratch buffer reused)."""
+    _cache_rotary(positions, query, key, head_size, cos_sin_cache, is_neox)
+    cos_sin_cache[positions.long()] = 0
+
+
 _KEPT: dict = {}
 
 
@@ -350,16 +356,20 @@ def not_a_preset(x: torch.Tensor, positions: torch.Tensor, extra: Optional[int] 
 # --- the same kernel wrapped as rope(x, positions): what a user writes without --api ------
 
 
+WRAPPED_ROWS = 2**16  # the wrapper's table: as many rows as --api's (checked with --max-position 65535)
+_WRAPPED: dict = {}
+
+
 def vllm_wrapped(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """vllm_correct behind the wrapper --api makes unnecessary: a cos_sin_cache (half
-    layout, base 10000) for positions 0 .. max, the batch flattened into tokens, a clone
-    rotated in place."""
-    rows = int(positions.max()) + 1 if positions.numel() else 1
-    r = x.shape[-1]
-    theta = 10000.0 ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
-    phi = torch.arange(rows, dtype=torch.float64)[:, None] * theta
-    cache = torch.cat((phi.cos(), phi.sin()), -1).to(x.dtype)
+    layout, base 10000, positions 0 .. 65535) made once per dtype and size, the batch
+    flattened into tokens, a clone rotated in place."""
     b, s, h, d = x.shape
+    key = (x.dtype, x.device, d)
+    if key not in _WRAPPED:
+        theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        phi = torch.arange(WRAPPED_ROWS, dtype=torch.float64)[:, None] * theta
+        _WRAPPED[key] = torch.cat((phi.cos(), phi.sin()), -1).to(device=x.device, dtype=x.dtype)
     out = x.detach().clone().reshape(b * s, h * d)
-    vllm_correct(positions.reshape(-1).long(), out, None, d, cache.to(x.device), True)
+    vllm_correct(positions.reshape(-1).long(), out, None, d, _WRAPPED[key], True)
     return out.reshape(b, s, h, d)

@@ -64,6 +64,7 @@ BROKEN = [
     ("vllm_wrong_head", "vllm", {}, "reference", ""),
     ("vllm_fused_path_bug", "vllm", {}, "reference", ""),
     ("vllm_stale_cache", "vllm", {}, "table-inverse", "T_-m"),
+    ("vllm_writes_cache", "vllm", {}, "contract", "the target wrote into cos_sin_cache"),
     ("flashinfer_cache_next_row", "flashinfer-cos-sin-cache", {}, "reference", ""),
     ("pos_ids_rotary_dim_ignored", "flashinfer-pos-ids", {"rotary_dim": 8}, "reference", "rotary_dim is not applied"),
     ("pos_ids_int16", "flashinfer-pos-ids", {}, "reference", ""),

@@ -189,9 +189,14 @@ class _Call:
         return self._cos_sin
 
     def tables_untouched(self) -> None:
+        read = None
+        if self.tables:  # the rows this call reads, and their neighbours
+            p = self.positions.reshape(-1).to(torch.int64).cpu()
+            rows = self.form.table_rows
+            read = torch.unique(torch.cat((p - 1, p, p + 1)).clamp(0, max(rows - 1, 0)))
         for key in self.tables:
             kind, conv, rows, r, dtype, device, sign, width = key
-            changed = tables.untouched(kind, conv, rows, r, dtype, device, sign, width)
+            changed = tables.untouched(kind, conv, rows, r, dtype, device, sign, width, read)
             if changed:
                 raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument} ({changed})")
         fresh = getattr(self, "fresh", None)

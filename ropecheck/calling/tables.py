@@ -85,15 +85,26 @@ def table(kind: str, convention, rows: int, rotary_dim: int, dtype: str, device:
     return _kept(kind, convention, rows, rotary_dim, dtype, device, sign, width)[0]
 
 
-def untouched(kind: str, convention, rows: int, rotary_dim: int, dtype: str, device: str, sign=1, width="half"):
-    """Whether the kept table is as it was made; when not, it is forgotten (the next call
-    gets a fresh one) and the first changed index is returned in a message."""
+def untouched(
+    kind: str, convention, rows: int, rotary_dim: int, dtype: str, device: str, sign=1, width="half", read=None
+):
+    """Whether the kept table is as it was made, at the rows ``read`` (a tensor of row
+    indices: the rows a call reads and their neighbours; None: every row) -- a whole
+    65536-row table compared after every call would cost more than the call. A row written
+    elsewhere is read wrong by a later call. When changed, the table is forgotten (the next
+    call gets a fresh one) and the first changed index is returned in a message."""
     given, pristine = _kept(kind, convention, rows, rotary_dim, dtype, device, sign, width)
     for now, then in zip(*((given, pristine) if isinstance(given, tuple) else ((given,), (pristine,)))):
+        if read is not None:
+            index = read.to(now.device)
+            now, then = now[index], then[index]
         if not torch.equal(now, then):
             _kept.cache_clear()
-            index = tuple(torch.nonzero(now != then)[0].tolist()) if (now != then).any() else ()
-            return f"first changed at {index}"
+            where = torch.nonzero(now != then)
+            first = tuple(where[0].tolist()) if where.numel() else ()
+            if read is not None and first:
+                first = (int(read[first[0]]), *first[1:])
+            return f"first changed at {first}"
     return None
 
 
