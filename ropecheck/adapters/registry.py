@@ -63,6 +63,15 @@ class Adapter:
         return self.unavailable() if self.unavailable else None
 
     def target(self) -> Target:
+        target = self._target()
+        if self.api is None:
+            return target
+        from ropecheck.calling.presets import PRESETS  # a library interface decides how it is called
+
+        preset = PRESETS[self.api]
+        return target.with_(**preset.capabilities(), backward=self.backward and preset.backward)
+
+    def _target(self) -> Target:
         return Target(
             name=self.name,
             fn=self.build(),

@@ -96,6 +96,21 @@ class Preset:
     def inplace(self) -> bool:
         return self.returns == "inplace"
 
+    def capabilities(self, call: Optional[str] = None) -> dict:
+        """The Target fields the interface decides, for a call in ``call`` (default its
+        first form): how it is called and returns, whether k may be None, how positions
+        reach it, the length of a table indexed by position."""
+        call = call or self.calls[0]
+        by_row = self.table is not None and self.table.by == "position"
+        return {
+            "call": call,
+            "api": self.name,
+            "inplace": self.inplace,
+            "k_optional": self.k == "optional",
+            "row_offsets": self.offsets and call == "x",
+            "max_position": self.max_position if by_row else None,
+        }
+
     def signature(self) -> str:
         out = {"inplace": " (in place)", "qk": " -> (q_out, k_out)", "x": " -> y"}[self.returns]
         return f"fn({', '.join(p.shown() for p in self.params)}){out}"
