@@ -24,7 +24,7 @@ ADAPTERS = [
     "flash-attn-rotary-interleaved-offsets", "timm-rope-cat", "timm-rope-mixed",
     "rotary-embedding-torch-axial", "rotary-embedding-torch-axial-offsets", "hf-qwen2vl-mrope",
     "hf-qwen2vl-rope-index", "hf-qwen2vl-mrope-qk", "hf-qwen3vl-mrope", "rotary-embedding-torch-xpos",
-    "x-transformers-xpos",
+    "x-transformers-xpos", "hf-apply-rotary-pos-emb", "liger-rotary-pos-emb", "flash-attn-apply-rotary-emb",
 ]
 MUTANTS = [
     "sign_flipped", "interleaved_pairs", "wrong_base", "off_by_one", "positions_ignored",
@@ -169,6 +169,35 @@ CHECKS.update({
     "real-deepseek-v3-yarn-ramp-early": [f"{REAL}:deepseek_v3_yarn_ramp_early", *DEEPSEEK, *F32_BF16],
     "real-qwen2vl-mrope-w-ignored": [f"{REAL}:qwen2vl_mrope_w_ignored", *QWEN2VL, *F32_BF16],
     "real-gemma3-global-frozen": [f"{REAL}:gemma3_global_frozen", *GEMMA3_GLOBAL, *F32_BF16],
+# library interfaces (--api presets): kernels written to each library's signature, correct
+# ones and the defects each must catch (tests/preset_kernels.py)
+PRESET_KERNELS = {
+    "vllm": ["vllm_correct", "vllm_next_row", "vllm_cos_sin_swapped", "vllm_key_none_crashes",
+             "vllm_key_none_rotates_query", "vllm_one_head_stride", "vllm_token_stride_ignored",
+             "vllm_mqa_key_unrotated", "vllm_wrong_head", "vllm_fused_path_bug", "vllm_stale_cache",
+             "vllm_writes_cache"],
+    "flashinfer-cos-sin-cache": ["flashinfer_cache_correct", "flashinfer_cache_next_row"],
+    "flashinfer-pos-ids": ["pos_ids_correct", "pos_ids_int16"],
+    "flash-attn": ["flash_correct", "flash_row0_offsets", "flash_decode_row0", "flash_cos_sin_swapped",
+                   "flash_half_read_as_full"],
+    "hf": ["hf_correct", "hf_batch_row0", "hf_mqa_key_unrotated"],
+    "te": ["te_correct", "te_row0_start_positions"],
+}
+for _api, _names in PRESET_KERNELS.items():
+    for _name in _names:
+        CHECKS[f"api-{_name.replace('_', '-')}"] = [f"tests/preset_kernels.py:{_name}", "--api", _api, *HALF,
+                                                   *F32_BF16]
+CHECKS.update({
+    "api-vllm-correct-partial": ["tests/preset_kernels.py:vllm_correct", "--api", "vllm", *HALF, "--rotary-dim",
+                                 "32", *F32_BF16],
+    "api-vllm-rotary-dim-ignored": ["tests/preset_kernels.py:vllm_rotary_dim_ignored", "--api", "vllm", *HALF,
+                                    "--rotary-dim", "32", *F32_BF16],
+    "api-pos-ids-rotary-dim-ignored": ["tests/preset_kernels.py:pos_ids_rotary_dim_ignored", "--api",
+                                       "flashinfer-pos-ids", *HALF, "--rotary-dim", "32", *F32_BF16],
+    "api-flash-correct-packed": ["tests/preset_kernels.py:flash_correct", "--api", "flash-attn", "--call", "packed",
+                                 "--layout", "interleaved", *F32_BF16],
+    "api-te-correct-packed": ["tests/preset_kernels.py:te_correct", "--api", "te", "--call", "packed", *HALF,
+                              *F32_BF16],
 })
 
 # `ropecheck identify` verdicts: the flags it prints

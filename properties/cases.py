@@ -19,12 +19,15 @@ from ropecheck.properties.dtypes import torch_dtype
 class Layout:
     """How a (batch, seq, heads, head_dim) tensor sits in its storage. ``what`` names the
     views in a support note ("raises on views with an odd row stride"); an ``exotic``
-    layout is one no model hands RoPE, probed separately from the drawn inputs."""
+    layout is one no model hands RoPE, probed separately from the drawn inputs; an
+    ``interface`` layout is drawn only for the library interfaces that take it
+    (``interface.Interface.layouts``: MLA's slices for a serving engine's kernel)."""
 
     name: str
     what: str
     exotic: bool
     make: Callable  # contiguous v -> a view with v's values in this layout
+    interface: bool = False
 
 
 def _wider(v: torch.Tensor, axis: int, width: int, index) -> torch.Tensor:
@@ -47,6 +50,15 @@ def _qkv_slice(v: torch.Tensor) -> torch.Tensor:
     qkv = torch.zeros(b, s, 3, h, d, dtype=v.dtype)
     qkv[:, :, 1] = v
     return qkv[:, :, 1]  # the k of qkv.view(b, s, 3, h, d): row stride 3hd, offset hd
+
+
+def _latent_slice(v: torch.Tensor) -> torch.Tensor:
+    """The heads at the end of a wide per-token row, as MLA's k_pe is the last rope
+    features of its latent row (kv_lora_rank + rope, kv_lora_rank = 8 rope here)."""
+    b, s, h, d = v.shape
+    row = torch.zeros(b, s, 8 * d + h * d, dtype=v.dtype)
+    row[..., 8 * d :] = v.reshape(b, s, h * d)
+    return row[..., 8 * d :].view(b, s, h, d)
 
 
 def _odd_offset(v: torch.Tensor) -> torch.Tensor:
@@ -82,6 +94,21 @@ LAYOUTS = {
             False,
             lambda v: _wider(v, 3, v.shape[3] + 64, slice(0, v.shape[3])),
         ),
+        # drawn for the interfaces that take them (a serving engine's MLA tensors)
+        Layout(
+            "mla-slice",
+            "the rope part of wider heads (MLA's q_pe: features nope .. nope + rope of each head, nope = 2 rope)",
+            False,
+            lambda v: _wider(v, 3, 3 * v.shape[3], slice(2 * v.shape[3], 3 * v.shape[3])),
+            interface=True,
+        ),
+        Layout(
+            "latent-slice",
+            "the last features of a wide per-token row (MLA's k_pe in its latent row)",
+            False,
+            _latent_slice,
+            interface=True,
+        ),
         # exotic: probed, a refusal is a support note
         Layout(
             "odd-padded",
@@ -99,7 +126,9 @@ LAYOUTS = {
     )
 }
 # What models hand RoPE: drawn in every run.
-MEMORY_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.exotic)
+MEMORY_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.exotic and not layout.interface)
+# What a serving engine's kernels take on top: drawn for the interfaces that list them.
+INTERFACE_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.interface)
 EXOTIC_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.exotic)
 
 
@@ -150,7 +179,10 @@ class Case:
     """One input in the canonical form (x, positions), and the call form it is handed to
     the target in (``ropecheck.call_forms``): for ``qk``, x's ``heads`` are q's and
     ``k_heads`` more follow (k; none: k=None), ``separate`` puts q and k in storages of
-    their own; for ``packed``, batch is 1 and ``lengths`` are the sequences' lengths."""
+    their own (for an interface whose q and k come in layouts of their own, k in
+    ``k_memory``); for ``packed``, batch is 1 and ``lengths`` are the sequences' lengths.
+    ``api_variant``: which of its interface's call variants it is handed in (a tensor
+    format, a positions dtype: ``interface.Interface.variants``)."""
 
     dtype: str
     batch: int
@@ -168,6 +200,8 @@ class Case:
     # position axes: 1-D RoPE is the N-D case with one axis, and its positions are (batch,
     # seq) as 1-D targets take them; N-D targets take (batch, seq, n_axes)
     n_axes: int = 1
+    k_memory: str = ""  # qk, separate, own k layout: k's memory layout ("" q's)
+    api_variant: str = ""  # the interface's call variant ("" its first)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -236,14 +270,18 @@ class Case:
         if self.n_axes > 1:
             return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
         rows = "; ".join(_short(row) for row in p)
-        return f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, seed {self.seed}; positions [{rows}]"
+        variant = f", variant {self.api_variant}" if self.api_variant else ""
+        return (
+            f"{self._form()} {self.dtype}, {self.memory}{variant}, scale {self.scale:g}, seed {self.seed}; "
+            f"positions [{rows}]"
+        )
 
     def _form(self) -> str:
         b, s, h, d = self.batch, self.seq, self.heads, self.head_dim
         if self.call == "qk":
             k = f"k {(b, s, self.k_heads, d)}" if self.k_heads else "k None"
             where = (
-                "separate tensors"
+                ("separate tensors" + (f", k {self.k_memory}" if self.k_memory and self.k_heads else ""))
                 if self.separate
                 else f"heads 0..{h - 1} and {h}..{h + self.k_heads - 1} of one tensor"
             )

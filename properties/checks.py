@@ -22,6 +22,7 @@ from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close,
 from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.fixed_cases import in_form, within
 from ropecheck.properties.interface import CallError
+from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
     ONE_D,
     Context,
@@ -29,6 +30,8 @@ from ropecheck.properties.one_d import (
     against_reference,
     eps,
     f64,
+    for_interface,
+    interface_draws,
     ops,
     shift_range,
     vector_norms,
@@ -122,7 +125,11 @@ def _layouts_probe(ctx: Context) -> list:
             )
         )
     return [
-        replace(probe, case=replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory)) for probe in probes
+        replace(
+            probe,
+            case=for_interface(replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory), ctx.target),
+        )
+        for probe in probes
     ]
 
 
@@ -406,6 +413,7 @@ def _distractor(draw, ctx, case):
             call=ctx.target.call,
             k_optional=ctx.target.k_optional,
             row_offsets=ctx.target.row_offsets,
+            **interface_draws(ctx.target),
         )
     )
     # the decode calls, one per token after the split: DECODE_CALLS at most
@@ -544,5 +552,9 @@ def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     exact = against_reference(ctx, vjp_returned, g, p, inverse=True, what="VJP(g) against R_m^T g = f_ref(g, -m)")
     return max(adjoint, exact)
 
+
+# the properties of table-fed library interfaces, in the same table
+for _name, (_fields, _check) in TABLE_CHECKS.items():
+    register(name=_name, **_fields)(_check)
 
 __all__ = ["PROPERTIES", "Property", "Context", "CheckFailure"]

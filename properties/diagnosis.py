@@ -56,6 +56,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ropecheck.properties import interface_causes
 from ropecheck.properties.cases import as_float64
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import CallError
@@ -92,17 +93,23 @@ def probe_positions(limit: int) -> np.ndarray:
 
 
 def _probe(ctx) -> Optional[Probe]:
+    """The target's output on the probe; where the call fails (a kernel that reads past
+    its table at the largest positions), the probe again within half the range."""
     head_dim = ctx.target.rotary_dim or DEFAULT_HEAD_DIM
     if ctx.convention.rotary_dim is not None:
         head_dim += PASS_THROUGH
-    positions = probe_positions(ctx.max_position)
-    values = np.random.default_rng(SEED).standard_normal((2, positions.shape[1], HEADS, head_dim))
-    x = torch.from_numpy(values).to(torch_dtype(ctx.dtype)).contiguous()
-    try:
-        y = ctx.rope(x, torch.from_numpy(positions))
-    except CallError:
-        return None
-    return Probe(ctx, as_float64(x), positions, ctx.unscale(as_float64(y)))
+    for limit in (ctx.max_position, ctx.max_position // 2):
+        positions = interface_causes.table_probe_positions(
+            probe_positions(limit), bool(getattr(ctx.target, "row_offsets", False)), limit
+        )
+        values = np.random.default_rng(SEED).standard_normal((2, positions.shape[1], HEADS, head_dim))
+        x = torch.from_numpy(values).to(torch_dtype(ctx.dtype)).contiguous()
+        try:
+            y = ctx.rope(x, torch.from_numpy(positions))
+        except CallError:
+            continue
+        return Probe(ctx, as_float64(x), positions, ctx.unscale(as_float64(y)))
+    return None
 
 
 # --- scoring ------------------------------------------------------------------------------
@@ -150,6 +157,7 @@ def _suspect(probe: Probe, candidate: Candidate, option, model: Model, score: fl
             f"{_relative(probe, model):.0e} up to position {largest}: it {what}; "
             f"{score:.2f} of that allowance)"
         )
+    text = interface_causes.cause(probe, candidate.name, option, text)
     return Suspect(candidate.name, _option_text(option), text, score, rel, candidate.exact)
 
 
@@ -163,7 +171,7 @@ def suspects(ctx) -> list[Suspect]:
     if probe is None or _score(probe, rotation(probe)) <= 1.0:
         return []
     found = []
-    for candidate in CANDIDATES:
+    for candidate in interface_causes.candidates(probe) + CANDIDATES:
         for option in candidate.options(probe):
             model = candidate.model(probe, option)
             if model is None:

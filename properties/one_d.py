@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ropecheck.properties.assertions import Tally
-from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.fixed_cases import (
@@ -69,9 +69,43 @@ class Context(FamilyContext):
         return y64 if self.convention is None else self.convention.unscale(y64)
 
 
+def interface_draws(target: Subject, memory=MEMORY_LAYOUTS) -> dict:
+    """What a target's interface changes in the inputs drawn for it (``strategies.cases``
+    keywords): its memory layouts (those of ``memory`` it takes, and its own interface
+    layouts), its call variants, and k's own layouts."""
+    iface = getattr(target, "interface", None)
+    if iface is None:
+        return {"memory": tuple(memory)}
+    layouts = iface.layouts or MEMORY_LAYOUTS
+    own = tuple(m for m in layouts if m in INTERFACE_LAYOUTS)
+    chosen = tuple(m for m in dict.fromkeys((*memory, *own)) if m in layouts) or layouts[:1]
+    return {
+        "memory": chosen,
+        "variants": iface.variants,
+        "k_layouts": layouts if iface.own_k_layout else (),
+    }
+
+
+def for_interface(case: Case, target: Subject) -> Case:
+    """A fixed input as the target's interface takes it: a memory layout it takes (else its
+    first), the variant and k's layout chosen by the input's seed."""
+    iface = getattr(target, "interface", None)
+    if iface is None:
+        return case
+    layouts = iface.layouts or MEMORY_LAYOUTS
+    if case.memory not in layouts and case.memory in MEMORY_LAYOUTS:
+        case = replace(case, memory="contiguous" if "contiguous" in layouts else layouts[0])
+    if iface.variants:
+        case = replace(case, api_variant=iface.variants[case.seed % len(iface.variants)])
+    if iface.own_k_layout and case.call == "qk" and case.separate and case.k_heads:
+        case = replace(case, k_memory=layouts[(case.seed + 1) % len(layouts)])
+    return case
+
+
 def _one_d_cases(prop, ctx: Context):
     options = dict(prop.case_options)
     options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
+    options.update(interface_draws(ctx.target, options.pop("memory", MEMORY_LAYOUTS)))
     return cases(
         ctx.dtype,
         ctx.target.rotary_dim,
@@ -104,8 +138,12 @@ def _fixed_inputs(prop, ctx: Context) -> list:
         fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
         fixed.append(huge_case(ctx.dtype, r, call))
+    if call == "qk" and ctx.target.k_optional and getattr(ctx.target, "interface", None) is not None:
+        # an interface that takes key=None (MLA, cross-attention) is given it every run
+        fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
     out = []
     for case in fixed:
+        case = for_interface(case, ctx.target)
         if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
             continue
         p = case.positions_array()

@@ -37,7 +37,13 @@ class FamilyContext:
 
     def __post_init__(self):
         self.rope = self.target.caller(self.timeout)
-        self.model = ErrorModel(self.dtype, extra_ops=self.extra_ops())
+        table = getattr(getattr(self.target, "interface", None), "table", None)
+        self.model = ErrorModel(
+            self.dtype,
+            extra_ops=self.extra_ops(),
+            table_kind=table.kind if table is not None else "",
+            table_dtype=table.dtype_for(self.dtype) if table is not None else "",
+        )
 
     def extra_ops(self) -> int:
         """Operations of the compute dtype the family's outputs take beyond a rotation."""
@@ -171,6 +177,8 @@ class Property:
     # per-row offsets accepts)
     per_token_positions: bool = False
     sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
+    # needs a table-fed library interface (--api with a table: ropecheck makes the table)
+    needs_table: bool = False
 
     def context(self, target: Subject, dtype: str, timeout: Optional[float], sizes: Sizes = TOY):
         return self.family.context(target, dtype, timeout, sizes)
@@ -191,6 +199,8 @@ class Property:
             return False, "needs a declared convention (--layout)"
         if self.needs_backward and not target.backward:
             return False, "target declares no backward"
+        if self.needs_table and getattr(getattr(target, "interface", None), "table", None) is None:
+            return False, "needs a table-fed library interface (--api with a table)"
         return self.family.applies(self, target)
 
 

@@ -218,6 +218,8 @@ def _cases(
     row_offsets=False,
     sizes=TOY,
     max_seq=None,
+    variants=(),
+    k_layouts=(),
 ) -> Case:
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
     if call == "packed":
@@ -248,6 +250,12 @@ def _cases(
     if call == "qk":
         kv = draw(k_heads(heads, k_optional)) if kv is None else kv
         case = replace(case, call="qk", k_heads=kv, separate=draw(st.booleans()))
+    # an interface's call variant, and k's own layout (drawn only for interfaces that have
+    # them: every other target's inputs are drawn as before)
+    if variants:
+        case = replace(case, api_variant=draw(st.sampled_from(variants)))
+    if k_layouts and case.call == "qk" and case.separate and case.k_heads:
+        case = replace(case, k_memory=draw(st.sampled_from(k_layouts)))
     return case
 
 
@@ -345,10 +353,13 @@ def cases(
     row_offsets: bool = False,
     sizes: Sizes = TOY,
     max_seq: int | None = None,
+    variants: tuple = (),
+    k_layouts: tuple = (),
 ) -> st.SearchStrategy[Case]:
     """RoPE inputs (Case records) in ``dtype``, in the target's call form, at ``sizes``
     (``max_seq``: a property's own cap on the sequence); ``row_offsets``: positions offset
-    + arange(seq) in every row."""
+    + arange(seq) in every row; ``variants``: an interface's call variants, one drawn per
+    input; ``k_layouts``: the layouts k is drawn in when q and k are separate tensors."""
     return _cases(
         dtype,
         rotary_dim,
@@ -362,6 +373,8 @@ def cases(
         row_offsets,
         sizes,
         max_seq,
+        tuple(variants),
+        tuple(k_layouts),
     )
 
 

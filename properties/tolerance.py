@@ -27,6 +27,22 @@ by two independent effects:
    theta (2 e ln b + 6) = e^-t (2t + 6) <= 6 for t = e ln b >= 0, the generic bound is
    |dphi| <= 6 u32 |m|.
 
+3. A table-fed interface (``interface.Table``: a cos_sin_cache, cos/sin tensors, angles)
+   computes no angle: ropecheck makes its table from the float64 angles and rounds it to
+   the table's dtype, unit roundoff u_T. Then
+   - cos/sin tables: c_T = c (1 + d), |d| <= u_T (likewise s_T). A kernel may cast the
+     table to its compute dtype (c' = c_T (1 + d'), |d'| <= u), each product and the
+     difference round once:
+         |dy| <= (|a||c| + |b||s|)(u_T + u + u) + u |y| <= rho (u_T + 3u),
+     so K_OPS is replaced by TABLE_OPS = 3 and u_T is added, with no angle term at any m:
+     the bound is tighter than a kernel computing its own float32 angles at every
+     position past 0 (6u there). The pair norm |c_T, s_T| is within u_T of 1, so a pair's
+     norm may change by u_T rho (``norm_bound``).
+   - angle tables (TransformerEngine's freqs): the angle m theta_i rounds once to the
+     table's dtype, |dphi_i| <= u_T |m| theta_i, and the kernel evaluates cos/sin of it as
+     in 1. (K_OPS): the angle term 2. becomes u_T |m| theta_i, a sixth (or less) of the
+     float32 allowance.
+
 The full bound per element is rho * (K_OPS u + dphi_i) + K_OPS * subnormal_spacing (the
 absolute floor for results that underflow). Errors are reported normalised by this bound:
 a value <= 1 passes. The *strict* bound drops the angle term; the accuracy horizon is the
@@ -50,6 +66,8 @@ from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canoni
 U32 = UNIT_ROUNDOFF["float32"]
 K_OPS = 6.0
 ANGLE_CONST = 6.0
+TABLE_OPS = 3.0  # a kernel fed cos/sin: the cast of the table, the products, the difference
+TABLE_KINDS = ("cos-sin", "angles")
 
 
 @dataclass(frozen=True)
@@ -58,13 +76,30 @@ class ErrorModel:
 
     dtype: str
     extra_ops: int = 0  # roundings beyond the K_OPS derivation (an attention factor: 1)
+    # a table-fed interface: its table's kind (TABLE_KINDS; "" for none) and dtype
+    table_kind: str = ""
+    table_dtype: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical(self.dtype))
+        if self.table_kind and self.table_kind not in TABLE_KINDS:
+            raise ValueError(f"unknown table kind {self.table_kind!r}; known: {', '.join(TABLE_KINDS)}")
+        if self.table_kind:
+            object.__setattr__(self, "table_dtype", canonical(self.table_dtype or self.dtype))
 
     @property
     def ops(self) -> float:
-        return K_OPS + self.extra_ops
+        return (TABLE_OPS if self.table_kind == "cos-sin" else K_OPS) + self.extra_ops
+
+    @property
+    def table_unit(self) -> float:
+        """u_T: the unit roundoff of the table a table-fed kernel is given (0: none)."""
+        return UNIT_ROUNDOFF[self.table_dtype] if self.table_kind else 0.0
+
+    @property
+    def values_unit(self) -> float:
+        """Relative error of the cos/sin values themselves: a cos/sin table's rounding."""
+        return self.table_unit if self.table_kind == "cos-sin" else 0.0
 
     @property
     def unit(self) -> float:
@@ -99,15 +134,31 @@ class ErrorModel:
         per_freq = theta * (gain * (2.0 * np.maximum(e_ln_base, 0.0) + ANGLE_CONST) + 4.0 * (gain - 1.0) + theta_ops)
         return U32 * m[..., None] * per_freq
 
-    @classmethod
-    def declared_angle_error(cls, positions, convention, head_dim: int, seq_len=None) -> np.ndarray:
-        """angle_error for the frequencies a Convention declares at this head size (its
-        scaling's extra operations and gain included): shape (*positions.shape, r/2).
-        ``seq_len``: the whole call's, when ``positions`` are a chunk of it."""
+    def allowed_angle_error(self, positions, theta=None, **float32_terms) -> np.ndarray:
+        """The angle error this model allows: the float32 one (``angle_error``) for a kernel
+        that forms its own angles; none for one fed cos/sin; the table's rounding of the
+        angle, u_T |m| theta_i (generic: u_T |m|, theta_i <= 1), for one fed angles."""
+        if not self.table_kind:
+            return self.angle_error(positions, theta, **float32_terms)
+        m = np.abs(np.asarray(positions, dtype=np.float64))
+        if self.table_kind == "cos-sin":
+            return np.zeros(m.shape + (() if theta is None else (len(theta),)))
+        if theta is None:
+            return self.table_unit * m
+        return self.table_unit * m[..., None] * np.asarray(theta, dtype=np.float64)
+
+    def declared_angle_error(self, positions, convention, head_dim: int, seq_len=None) -> np.ndarray:
+        """The allowed angle error for the frequencies a Convention declares at this head
+        size (a float32 angle: its scaling's extra operations and gain included): shape
+        (*positions.shape, r/2). ``seq_len``: the whole call's, when ``positions`` are a
+        chunk of it."""
         scaling = convention.scaling
-        return cls.angle_error(
+        theta = convention.theta(head_dim, positions, seq_len)
+        if self.table_kind:
+            return self.allowed_angle_error(positions, theta)
+        return self.angle_error(
             positions,
-            convention.theta(head_dim, positions, seq_len),
+            theta,
             convention.exponent_log_base(head_dim),
             scaling.theta_ops,
             scaling.theta_gain(convention.rotary_dim_for(head_dim), convention.base),
@@ -115,8 +166,9 @@ class ErrorModel:
 
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):
-        """Allowed error per unit of rho: K_OPS u (+ dphi unless strict)."""
-        ops = self.ops * self.unit
+        """Allowed error per unit of rho: K_OPS u (TABLE_OPS u + u_T fed cos/sin) (+ dphi
+        unless strict)."""
+        ops = self.ops * self.unit + self.values_unit
         return ops + (0.0 if strict else angle_error)
 
     def pair_bound(self, pair_norms, angle_error, strict: bool = False) -> np.ndarray:
@@ -127,7 +179,7 @@ class ErrorModel:
         """Allowed error of a whole head vector per unit of its norm, shape
         (*positions.shape, 1), without knowing the pairing: each pair's error vector is at
         most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi)."""
-        return math.sqrt(2.0) * self.relative_bound(self.angle_error(positions))[..., None]
+        return math.sqrt(2.0) * self.relative_bound(self.allowed_angle_error(positions))[..., None]
 
     def vector_bound(self, vector_norms, positions) -> np.ndarray:
         """Allowed Euclidean norm of the error of head vectors (batch, seq, heads)."""
@@ -135,8 +187,8 @@ class ErrorModel:
 
     def norm_bound(self, vector_norms) -> np.ndarray:
         """Allowed change of a head vector's norm: rotations by a wrong angle keep norms,
-        so only the arithmetic term counts."""
-        return math.sqrt(2.0) * vector_norms * self.ops * self.unit + self.floor
+        so only the arithmetic term counts (and a cos/sin table's rounding)."""
+        return math.sqrt(2.0) * vector_norms * (self.ops * self.unit + self.values_unit) + self.floor
 
     def element_bound(self, x64, positions, convention, strict: bool = False, seq_len=None) -> np.ndarray:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a

@@ -416,6 +416,27 @@ def list_targets(options):
     for e in rows:
         if e.notes:
             console.print(f"  {e.name}: {e.notes}", markup=False)
+    _list_presets(console)
+
+
+def _list_presets(console) -> None:
+    """The library interfaces (``--api``): each preset's signature, its library, and the
+    targets called through it."""
+    from ropecheck.calling.presets import PRESETS
+    from ropecheck.report.catalog import entries
+
+    through: dict = {}
+    for e in entries():
+        if e.api:
+            through.setdefault(e.api, []).append(e.name)
+    console.print("\nlibrary interfaces (--api NAME: a kernel in that signature, checked with no wrapper):")
+    for name, preset in PRESETS.items():
+        targets = ", ".join(through.get(name, [])) or "none"
+        console.print(
+            f"  --api {name}: {preset.signature()}; {preset.library}; built-in targets: {targets}",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @table_command(

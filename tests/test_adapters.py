@@ -16,7 +16,8 @@ from ropecheck.session.loading import TargetLoadError, load
 from ropecheck.targets.target import Convention
 
 QUICK = RunOptions(profile="ci", max_examples=4, timeout=120)
-SLOW = {n for n in ADAPTERS if n.startswith(("flash-attn-rotary", "liger-kernel"))}  # interpreter
+SLOW = {n for n in ADAPTERS if n.startswith(("flash-attn-rotary", "liger-kernel", "flash-attn-apply", "liger-rotary",
+                                              "ropecheck-cache-rope"))}  # interpreter
 KNOWN = known_failures.load()
 ONE_D = sorted(n for n, a in ADAPTERS.items() if a.family == "rope")  # N-D ones: tests/test_nd_checks.py
 

@@ -22,7 +22,10 @@ from ropecheck.properties.checks import PROPERTIES
 pytest_plugins = ["pytester"]
 
 # one test per property, and the position-range test before them
-N_TESTS = len(PROPERTIES) + 1
+ALL = len(PROPERTIES) + 1  # the tests collected
+# the properties of library interfaces with a table (--api): skipped for the targets here
+TABLE = sum(prop.needs_table for prop in PROPERTIES.values())
+N_TESTS = ALL - TABLE  # the tests that run
 
 BASE_ARGS = ("--pyargs", "ropecheck.properties", "--rope-dtype", "float32", "--rope-max-examples", "5",
              "--rope-profile", "ci", "-p", "no:cacheprovider")
@@ -54,10 +57,10 @@ def run(pytester, *args):
 def test_builtin_target_passes_every_property(pytester):
     report = pytester.path / "report.xml"
     result = run(pytester, "--rope-target", "rotate-half", f"--junitxml={report}")
-    result.assert_outcomes(passed=N_TESTS)
+    result.assert_outcomes(passed=N_TESTS, skipped=TABLE)
     assert result.ret == pytest.ExitCode.OK
     root = ET.parse(report).getroot()
-    assert len(root.findall(".//testcase")) == N_TESTS
+    assert len(root.findall(".//testcase")) == ALL
     assert root.findall(".//failure") == [] and root.findall(".//error") == []
 
 
@@ -76,7 +79,7 @@ def test_sign_flipped_file_target_fails_reference(pytester):
     # --junitxml: one testcase per test, a failure element on the failing ones
     root = ET.parse(report).getroot()
     cases = root.findall(".//testcase")
-    assert len(cases) == N_TESTS
+    assert len(cases) == ALL
     failed = {case.get("name") for case in cases if case.find("failure") is not None}
     assert "test_property[flipped.py:rope-float32-reference]" in failed
     assert len(failed) == outcomes["failed"]
@@ -84,7 +87,7 @@ def test_sign_flipped_file_target_fails_reference(pytester):
 
 def test_keyword_selects_one_property(pytester):
     result = run(pytester, "--rope-target", "rotate-half", "-k", "identity", "-v")
-    result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
+    result.assert_outcomes(passed=1, deselected=ALL - 1)
     result.stdout.fnmatch_lines(["*test_property?rotate-half-float32-identity? PASSED*"])
 
 
@@ -93,7 +96,7 @@ def test_target_without_convention_skips_reference_checks(pytester):
     result = run(pytester, "--rope-target", "flipped.py:rope")
     # a rotation by -m is a valid RoPE: without --rope-layout only the reference check,
     # which needs a convention, could tell; it is skipped
-    result.assert_outcomes(passed=N_TESTS - 1, skipped=1)
+    result.assert_outcomes(passed=N_TESTS - 1, skipped=1 + TABLE)
 
 
 def test_reproduce_hint_names_the_target(pytester):
@@ -120,7 +123,7 @@ def test_rope_call_reaches_the_engine(pytester):
     ''')
     result = run(pytester, "--rope-target", "qk_kernel.py:rope", "--rope-call", "qk",
                  "--rope-layout", "half", "-k", "reference")
-    result.assert_outcomes(passed=1, deselected=N_TESTS - 1)
+    result.assert_outcomes(passed=1, deselected=ALL - 1)
     result.stdout.fnmatch_lines(["rope_call='qk'"])
     result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "qk", "-k", "identity")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -172,7 +175,7 @@ def test_ini_options_add_the_suite_to_a_plain_pytest_run(pytester):
     result.stdout.fnmatch_lines(["*test_own.py .*", "*FAILED*test_property?flipped.py:rope-float32-reference?*"])
     # -k, and a flag overriding the ini value (--rope-layout half: still wrong, by its sign)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference", "--rope-layout", "half")
-    result.assert_outcomes(failed=1, deselected=N_TESTS)
+    result.assert_outcomes(failed=1, deselected=ALL)
     assert "the target rotates clockwise" in result.stdout.str()
     # -x stops at the first failure
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-x")
@@ -185,7 +188,7 @@ def test_ini_options_add_the_suite_to_a_plain_pytest_run(pytester):
 def test_the_suite_joins_whatever_the_projects_python_files(pytester):
     project(pytester, *SET_UP, 'rope_layout = "half"', 'python_files = ["check_*.py"]')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference")
-    result.assert_outcomes(failed=1, deselected=N_TESTS - 1)  # test_own.py is not collected
+    result.assert_outcomes(failed=1, deselected=ALL - 1)  # test_own.py is not collected
 
 
 def test_junit_names_carry_the_target(pytester):
@@ -240,7 +243,7 @@ def test_xdist_gives_the_same_verdicts(pytester):
         cases = ET.parse(report).getroot().iter("testcase")
         verdicts.append({case.get("name"): [child.tag for child in case if child.tag in ("failure", "skipped")]
                          for case in cases})
-    assert len(verdicts[0]) == N_TESTS
+    assert len(verdicts[0]) == ALL
     assert verdicts[0] == verdicts[1]
     result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half", "--rope-profile", "dev",
                  "-n", "2")
@@ -255,5 +258,5 @@ def test_rope_mode_parametrizes_the_suite(pytester):
     pytester.makepyfile(kernel=(Path(__file__).with_name("mode_kernels.py")).read_text())
     result = run(pytester, "--rope-target", "kernel.py:matmul_angles", "--rope-layout", "half",
                  "--rope-mode", "eager,autocast", "-k", "reference")
-    result.assert_outcomes(passed=1, failed=1, deselected=2 * (N_TESTS - 1) - 1)
+    result.assert_outcomes(passed=1, failed=1, deselected=2 * (ALL - 1) - 1)
     result.stdout.fnmatch_lines(["FAILED *test_property?kernel.py:matmul_angles-float32-autocast-reference?*"])

@@ -1,6 +1,6 @@
 """Third-party targets. Each module registers its records in ``ADAPTERS`` on import."""
 
-from ropecheck.adapters import hf, others, triton_kernels  # noqa: E402,F401  (register their records)
+from ropecheck.adapters import hf, interfaces, others, triton_kernels  # noqa: E402,F401  (register their records)
 from ropecheck.adapters.registry import ADAPTERS, Adapter, register
 
 __all__ = ["ADAPTERS", "Adapter", "register"]

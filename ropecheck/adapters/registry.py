@@ -52,6 +52,7 @@ class Adapter:
     notes: str = ""  # what it cannot do here, shown by `ropecheck list`
     family: str = "rope"  # its family (--family): rope (1-D), axial, mrope, nd, xpos, *-builder
     implies: dict = field(default_factory=dict)  # the family parameters it implies (sections, layout, ...)
+    api: Optional[str] = None  # the library interface it is called through (--api preset), None: its call form
     unavailable: Optional[Callable[[], Optional[str]]] = field(default=None, repr=False)
 
     def why_unavailable(self) -> Optional[str]:
@@ -62,6 +63,15 @@ class Adapter:
         return self.unavailable() if self.unavailable else None
 
     def target(self) -> Target:
+        target = self._target()
+        if self.api is None:
+            return target
+        from ropecheck.calling.presets import PRESETS  # a library interface decides how it is called
+
+        preset = PRESETS[self.api]
+        return target.with_(**preset.capabilities(), backward=self.backward and preset.backward)
+
+    def _target(self) -> Target:
         return Target(
             name=self.name,
             fn=self.build(),
@@ -78,6 +88,7 @@ class Adapter:
             k_optional=self.k_optional,
             row_offsets=self.row_offsets,
             devices=self.devices,
+            api=self.api,
         )
 
 

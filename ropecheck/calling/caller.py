@@ -88,6 +88,9 @@ class Caller:
         inplace: bool = False,
         device: str = "cpu",
         mode: str = "eager",
+        api: str = "",
+        convention=None,
+        table_rows: int = 0,
     ):
         self.executor = executor
         self.call = call  # its call form
@@ -95,21 +98,39 @@ class Caller:
         self.inplace = inplace  # it declares writing its output into x
         self.device = device  # where the inputs are made (--device)
         self.mode = mode  # how the target is run (--mode)
+        self.api = api  # the library interface (preset) it is called through ("" none)
+        self.convention = convention  # what an interface's table is made from
+        self.table_rows = table_rows  # rows of an interface's table indexed by position
         self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
 
-    def form(self, x: torch.Tensor, case=None) -> Optional[Form]:
+    def form(self, x: torch.Tensor, case=None, table_sign: int = 1) -> Optional[Form]:
         """How a call on x goes to the target: the case's split where x is the case's
-        whole input, else the form's default (``Form``)."""
-        if self.call == "x":
+        whole input, else the form's default (``Form``); through its interface, with the
+        case's call variant (``table_sign`` -1: the table of -m)."""
+        if self.call == "x" and not self.api:
             return None
         case = case or self.case
         whole = case is not None and getattr(case, "call", "x") == self.call
+        interface: dict = {}
+        if self.api:
+            interface = dict(
+                api=self.api,
+                variant=getattr(case, "api_variant", "") if case is not None else "",
+                convention=self.convention,
+                table_rows=self.table_rows,
+                table_sign=table_sign,
+                inplace=self.inplace,
+            )
+        if self.call == "x":
+            return Form("x", **interface)
         if self.call == "qk":
             fits = whole and case.heads + case.k_heads == x.shape[2]
-            return Form("qk", case.heads if fits else None, separate=bool(whole and case.separate))
+            separate = bool(whole and case.separate)
+            k_memory = case.k_memory if fits and separate and self.api else ""
+            return Form("qk", case.heads if fits else None, separate=separate, k_memory=k_memory, **interface)
         fits = whole and x.shape[0] == 1 and sum(case.lengths) == x.shape[1]
-        return Form("packed", lengths=case.lengths if fits else ())
+        return Form("packed", lengths=case.lengths if fits else (), **interface)
 
     @property
     def state_changes(self) -> list:
@@ -131,8 +152,10 @@ class Caller:
         self.compiled.add(key)
         return self.timeout + COMPILE_ALLOWANCE
 
-    def outcome(self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None) -> Outcome:
-        form = self.form(args[0], case)
+    def outcome(
+        self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None, table_sign: int = 1
+    ) -> Outcome:
+        form = self.form(args[0], case, table_sign)
         limit = self.time_limit(op, args, positions, form)
         request = Request(op, args, positions, grads, self.inplace, form, self.device, self.mode, limit)
         outcome = self.executor.run(request)
@@ -140,9 +163,10 @@ class Caller:
             raise CallError(*outcome.error)
         return outcome
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None) -> torch.Tensor:
-        """y = f(x, positions); the target works on copies, checked afterwards."""
-        outcome = self.outcome("call", (x,), positions, case=case)
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None, table_sign: int = 1) -> torch.Tensor:
+        """y = f(x, positions); the target works on copies, checked afterwards. For a
+        table-fed interface, ``table_sign=-1`` feeds it the table of -m."""
+        outcome = self.outcome("call", (x,), positions, case=case, table_sign=table_sign)
         if not isinstance(outcome.outputs, torch.Tensor):
             raise CallError("type", f"the target returned {outcome.returned}, expected a torch.Tensor")
         validate(outcome.outputs, x)

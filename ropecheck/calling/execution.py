@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ropecheck.calling import modes
+from ropecheck.calling import api_call, modes
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong
 
@@ -89,6 +89,35 @@ def _first_change(before: torch.Tensor, after: torch.Tensor) -> str:
     if len(changed) == 0:  # equal values, unequal bits (NaN, -0.0): name no index
         return "its bits changed"
     return f"{len(changed)} elements changed, first at {tuple(changed[0].tolist())}"
+
+
+def _storage_values(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage under t, as a flat tensor of t's dtype (on the host)."""
+    count = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (count,), (1,))
+    return to_host(flat)
+
+
+def _written_outside(original: torch.Tensor, copy: torch.Tensor) -> Optional[str]:
+    """What changed in the copy's storage outside the view the target was given (the
+    padding of a padded row, the other parts of a fused qkv projection, the features
+    around an MLA slice), or None. The target owns its input's view, never what is
+    around it."""
+    if copy.device.type == "meta" or original.untyped_storage().nbytes() == original.numel() * original.element_size():
+        return None  # the view is its whole storage
+    before, after = _storage_values(original), _storage_values(copy)
+    inside = torch.zeros(before.numel(), dtype=torch.bool)
+    index = torch.arange(before.numel()).as_strided(original.shape, original.stride(), original.storage_offset())
+    inside[index.reshape(-1)] = True
+    changed = ~inside & ~((before == after) | (before.isnan() & after.isnan()))
+    if not bool(changed.any()):
+        return None
+    first = int(torch.nonzero(changed)[0])
+    return (
+        f"the target wrote outside the tensors it was given, into the storage around them (padding, the other "
+        f"parts of a fused projection): {int(changed.sum())} elements changed, first at storage element {first} "
+        f"({before[first].item():g} -> {after[first].item():g})"
+    )
 
 
 # --- process-wide state ---------------------------------------------------------------
@@ -191,6 +220,8 @@ def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     """(canonical y, what the target returned): fn called on the canonical x (``args``:
     (x,)) in its call form (``ropecheck.calling.forms``)."""
     (x,) = args
+    if form is not None and form.api:
+        return api_call.invoke(form, fn, x, positions)
     if form is None or form.call == "x":
         out = fn(x, positions)
         if isinstance(out, torch.Tensor) and out.device != x.device:
@@ -212,7 +243,7 @@ class Execution:
             self.in_modes[mode] = modes.wrap(self.fn, mode)
         return self.in_modes[mode]
 
-    def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output):
+    def _inputs_violations(self, outcome, originals, copies, positions, pos, inplace, output, form=None):
         if not torch.equal(to_host(pos), positions):
             outcome.violations.append(("mutated", "the target modified its positions argument"))
         (original,), (copy,) = originals, copies
@@ -223,6 +254,11 @@ class Execution:
             outcome.violations.append(
                 ("mutated", f"the target modified its input x in place ({_first_change(original, copy)})")
             )
+        # a library interface's tensors are views into wider storage (fused qkv, padded
+        # heads, MLA's slices): what is around them is not the target's to write
+        outside = _written_outside(original, copy) if form is not None and form.api else None
+        if outside:
+            outcome.violations.append(("outside-view", outside))
 
     def call(
         self,
@@ -261,7 +297,7 @@ class Execution:
         outcome.outputs, outcome.returned = _normalise(out)
         # the tensors the target returned (its own, for a call form that assembles y)
         self.watch.keep(outcome.outputs if returned is out else _normalise(returned)[0])
-        self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs)
+        self._inputs_violations(outcome, args, copies, positions, pos, inplace, outcome.outputs, form)
         outcome.outputs = to_host(outcome.outputs)
         return outcome
 

@@ -24,7 +24,7 @@ A :class:`Form` travels with each call to the process that runs the target
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -48,12 +48,22 @@ def cu_seqlens(lengths) -> torch.Tensor:
 @dataclass(frozen=True)
 class Form:
     """One canonical call in the target's form: ``call``, and for ``qk`` where q ends and
-    how q and k are stored, for ``packed`` the sequence lengths (empty ones included)."""
+    how q and k are stored, for ``packed`` the sequence lengths (empty ones included).
+    Through a library interface (``api``, a preset: ``ropecheck.calling.api_call`` makes
+    the call), also the case's call variant and k's layout, the convention its table is
+    made from, the table's rows, and ``table_sign`` (-1: the table of -m)."""
 
     call: str = "x"
     q_heads: Optional[int] = None  # qk: heads [0, q_heads) of x are q (None: all but the last)
     separate: bool = False  # qk: q and k in storages of their own
     lengths: tuple = ()  # packed: sequence lengths; () = found from the positions
+    api: str = ""  # the preset it is called through ("" none)
+    variant: str = ""  # the interface's call variant ("" its first)
+    k_memory: str = ""  # qk, separate: k's own memory layout ("" x's)
+    convention: Any = None  # what its table is made from
+    table_rows: int = 0  # rows of a table indexed by position
+    table_sign: int = 1  # -1: the table of -m
+    inplace: bool = False  # the target declares writing into its input (an interface's inplace argument)
 
     def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
         """(canonical y, the tensors the target returned) for fn called on x in this form."""

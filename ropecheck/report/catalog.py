@@ -25,6 +25,7 @@ class Entry:
     notes: str = ""
     default: bool = False  # the target `ropecheck check` uses without one
     family: str = "rope"  # its family (--family)
+    api: str = ""  # the library interface it is called through (--api), "" none
 
     @property
     def available(self) -> bool:
@@ -97,6 +98,7 @@ def entries() -> list[Entry]:
                 adapter.why_unavailable(),
                 adapter.notes,
                 family=adapter.family,
+                api=adapter.api or "",
             )
         )
     return out

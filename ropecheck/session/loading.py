@@ -22,6 +22,7 @@ from typing import Optional
 from ropecheck.adapters import ADAPTERS
 from ropecheck.calling import quiet
 from ropecheck.calling.execution import describe_exception
+from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.worker import Worker, WorkerError
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.interface import ARITY, CALL_FORMS, check_call
@@ -150,7 +151,16 @@ def resolve(spec):
     return obj
 
 
-def _declared(obj, name: str, call: Optional[str], family: Optional[str]) -> Target:
+def check_interface(fn, api: str) -> None:
+    """The target must accept the call its preset makes (``Preset.check_signature``)."""
+    if not callable(fn):
+        raise TargetLoadError(f"{fn!r} is not callable")
+    problem = PRESETS[api].check_signature(fn)
+    if problem:
+        raise TargetLoadError(problem)
+
+
+def _declared(obj, name: str, call: Optional[str], family: Optional[str], api: Optional[str] = None) -> Target:
     """The Target a resolved object declares: a Target itself; an object with ``fn`` and
     Target fields as attributes (``max_position``, ``backward``, ``call``, ...); or a plain
     callable in the call form given (else its family's first), its signature checked."""
@@ -165,22 +175,31 @@ def _declared(obj, name: str, call: Optional[str], family: Optional[str]) -> Tar
         if not callable(obj.fn):
             raise TargetLoadError(f"{name} is not callable")
         return Target(name=name, fn=obj.fn, **fields)
+    if api is not None:  # a library interface: its signature, its call form
+        check_interface(obj, api)
+        preset = PRESETS[api]
+        return Target(name=name, fn=obj, call=call or preset.calls[0], family=family or "rope", api=api)
     form = call or (FAMILIES[family].calls[0] if family in FAMILIES else "x")
     check_signature(obj, form)
     return Target(name=name, fn=obj, call=form, family=family or "rope")
 
 
-def load_here(spec, call: Optional[str] = None, family: Optional[str] = None, builtin_options=None) -> Target:
+def load_here(
+    spec, call: Optional[str] = None, family: Optional[str] = None, builtin_options=None, api: Optional[str] = None
+) -> Target:
     """The target ``spec`` names, built in this process: a built-in (configured by
     ``builtin_options``: base, rotary_dim, layout, scaling), an adapter, or a file's or
     module's attribute (or the Python object itself). ``call`` and ``family``: what the
     user declares (a plain callable takes them; a declared target's call form is changed
-    to ``call``)."""
+    to ``call``). ``api``: the library interface it has (``--api``), whose signature it
+    must accept."""
     if call is not None:
         try:
             check_call(call)
         except ValueError as exc:
             raise TargetLoadError(str(exc)) from None
+    if api is not None and api not in PRESETS:
+        raise TargetLoadError(f"unknown --api {api!r}; known: {', '.join(PRESETS)}")
     if is_named(spec) and spec in BUILTINS:
         try:
             target = builtin(spec, **(builtin_options or {}))
@@ -189,16 +208,19 @@ def load_here(spec, call: Optional[str] = None, family: Optional[str] = None, bu
     elif is_named(spec) and spec in ADAPTERS:
         target = _build_adapter(ADAPTERS[spec])
     else:
-        return _declared(resolve(spec), target_name(spec) or "target", call, family)
-    if call is not None and call != target.call:
+        return _declared(resolve(spec), target_name(spec) or "target", call, family, api)
+    if api is not None and api != target.api:
+        check_interface(target.fn, api)
+        return target.with_(api=api, call=call or PRESETS[api].calls[0])
+    if call is not None and call != target.call and target.api is None:
         check_signature(target.fn, call)
         target = target.with_(call=call)
     return target
 
 
-def _target_parts(spec: str, call, family, builtin_options: dict) -> tuple:
+def _target_parts(spec: str, call, family, builtin_options: dict, api=None) -> tuple:
     """Run in the worker: (the callable, the target's description without it)."""
-    target = load_here(spec, call, family, builtin_options)
+    target = load_here(spec, call, family, builtin_options, api)
     return target.fn, target.with_(fn=None)
 
 
@@ -209,6 +231,7 @@ def load(
     call: Optional[str] = None,
     family: Optional[str] = None,
     builtin_options=None,
+    api: Optional[str] = None,
     sanitize: Optional[str] = None,
 ) -> Target:
     """The target ``spec`` names (``load_here``), built here, or with ``worker`` in a worker
@@ -217,9 +240,9 @@ def load(
     import prints is captured (``ropecheck.calling.quiet``). Raises TargetLoadError."""
     if not worker or not is_named(spec):
         with quiet.captured():
-            return load_here(spec, call, family, builtin_options)
+            return load_here(spec, call, family, builtin_options, api)
     loader = "ropecheck.session.loading:_target_parts"
-    process = Worker(loader, (spec, call, family, builtin_options or {}), sanitize=sanitize)
+    process = Worker(loader, (spec, call, family, builtin_options or {}, api), sanitize=sanitize)
     try:
         target = process.start()
     except WorkerError as exc:

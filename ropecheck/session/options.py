@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
+from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.sanitizer import TOOLS
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.interface import CALL_FORMS
@@ -163,6 +164,17 @@ OPTIONS: tuple[Option, ...] = (
         "(total, heads, head_dim). Default: what the target declares, else its family's first.",
         TARGET,
         choices=tuple(CALL_FORMS),
+    ),
+    Option(
+        "api",
+        "The library interface the target has, called as that library's callers call it (no wrapper; "
+        "ropecheck makes its table): "
+        + "; ".join(f"{name} = {preset.signature()}" for name, preset in PRESETS.items())
+        + ". --layout, --rotary-dim, --base and --scaling become its arguments and its table. See docs/presets.md.",
+        TARGET,
+        choices=tuple(PRESETS),
+        families=("rope",),
+        metavar="NAME",
     ),
     Option(
         "in_process",

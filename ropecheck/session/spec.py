@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ropecheck.calling import devices, quiet, sanitizer
+from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.interface import TENSOR_FORMS
 from ropecheck.properties.property import Family, FamilyError
@@ -69,6 +70,7 @@ def build(options: Options) -> Target:
             call=options.call,
             family=options.family,
             builtin_options=builtin_options,
+            api=options.api,
             sanitize=options.sanitize,
         )
     except (TargetLoadError, ValueError, OSError) as exc:
@@ -105,15 +107,28 @@ def declare(target: Target, options: Options) -> Target:
         fam = family_record(options.family or target.family)
     except FamilyError as exc:
         raise UsageError(str(exc)) from None
-    call = options.call or (target.call if target.call in fam.calls else fam.calls[0])
+    api = options.api or target.api
+    preset = PRESETS[api] if api else None
+    if preset is not None:
+        call = options.call or (target.call if target.call in preset.calls else preset.calls[0])
+        if call not in preset.calls:
+            raise UnusableTarget(
+                f"--api {api} takes {' or '.join('--call ' + c for c in preset.calls)}, not --call {call}"
+            )
+    else:
+        call = options.call or (target.call if target.call in fam.calls else fam.calls[0])
     _check_call(fam, call)
     options.check_applies(fam.name, call)
     parameters = {**target.implies, **options.parameters()}
     own = target.convention if target.family == fam.name else None
+    if preset is not None and own is None and parameters.get("layout") is None:
+        parameters["layout"] = "half"  # what the interface's layout argument defaults to
     try:
         declared = fam.declare(parameters, own)
     except FamilyError as exc:
         raise UnusableTarget(str(exc)) from None
+    if preset is not None:
+        return _through(target, options, preset, call, declared, parameters)
     limits = [n for n in (target.max_position, options.max_position, declared.max_position) if n is not None]
     try:
         device = devices.choose(options.device, target.devices)
@@ -136,6 +151,71 @@ def declare(target: Target, options: Options) -> Target:
     )
 
 
+def _through(target: Target, options: Options, preset, call: str, declared, parameters: dict) -> Target:
+    """``target`` declared to be called through ``preset``: its call form and capabilities
+    are the interface's (in place, k optional, offsets, autograd), the convention becomes
+    its table (or its arguments), whose length is its position range."""
+    convention = declared.convention
+    problem = preset_refuses(preset, convention)
+    if problem:
+        raise UnusableTarget(problem)
+    table = preset.table
+    by_row = table is not None and table.by == "position"
+    limits = [n for n in (target.max_position, declared.max_position) if n is not None]
+    max_position = options.max_position or (preset.max_position if by_row else (min(limits) if limits else None))
+    try:
+        device = devices.choose(options.device, target.devices)
+        devices.require(device)
+    except ValueError as exc:
+        raise UnusableTarget(str(exc)) from None
+    return target.with_(
+        family="rope",
+        call=call,
+        api=preset.name,
+        convention=convention,
+        rotary_dim=declared.rotary_dim or target.rotary_dim,
+        dtypes=declared.dtypes or target.dtypes,
+        max_position=max_position,
+        backward=options.backward and target.backward and preset.backward,
+        inplace=preset.inplace or options.inplace or (target.inplace and target.api == preset.name),
+        k_optional=preset.k == "optional",
+        row_offsets=preset.offsets and call == "x",
+        device=device,
+        implies={**target.implies, **options.parameters()},
+    )
+
+
+def preset_refuses(preset, convention) -> str:
+    """Why ``convention`` cannot be given to ``preset`` ("" when it can): a scaling it has
+    no argument for, a table indexed by position with frequencies that change with the
+    call (dynamic, LongRoPE), an angle table with an attention factor."""
+    scaling = convention.scaling
+    name = f"--api {preset.name}"
+    if preset.scalings is not None and scaling.rope_type not in preset.scalings:
+        return (
+            f"{name} computes its own angles with rope_theta and rope_scale only: "
+            f"--scaling {scaling.rope_type} cannot be given to it"
+        )
+    if not preset.partial and convention.rotary_dim is not None:
+        return (
+            f"{name} rotates the whole head (its tables are head_dim wide; callers slice partial rotary "
+            f"features themselves): --rotary-dim cannot be given to it"
+        )
+    table = preset.table
+    if table is not None and table.by == "position":
+        if scaling.dynamic:
+            return (
+                f"{name} is fed a {table.argument} table made once for every position: the {scaling.rope_type} "
+                "scaling's frequencies change with the call's length (check its builder and applier apart)"
+            )
+    if table is not None and table.kind == "angles" and convention.amplitude != 1.0:
+        return (
+            f"{name}'s {table.argument} carry angles only: the {scaling.rope_type} scaling's attention factor "
+            "cannot be fed to it"
+        )
+    return ""
+
+
 def _check_call(fam: Family, call: str) -> None:
     if call not in fam.calls:
         raise UnusableTarget(
@@ -154,7 +234,12 @@ def header(target: Target, options: Optional[Options] = None) -> str:
                 "[yellow]No --layout given: running spec-free checks only "
                 "(no comparison with the float64 reference).[/]"
             )
-        return f"Convention: {target.convention.flags()}"
+        through = ""
+        if target.api:
+            preset = PRESETS[target.api]
+            call = f" --call {target.call}" if target.call != preset.calls[0] else ""
+            through = f"\nInterface: --api {target.api}{call}: {preset.signature()}"
+        return f"Convention: {target.convention.flags()}{through}"
     run = [
         w
         for name in ("max_position", "device", "backward", "in_process")

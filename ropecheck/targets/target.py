@@ -16,9 +16,10 @@ from typing import Any, Callable, Optional
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT, Caller, Executor, PlainCaller
 from ropecheck.calling.in_process import InProcess
+from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.convention import Convention  # noqa: F401  (the 1-D convention, declared with targets)
 from ropecheck.properties.dtypes import DTYPES
-from ropecheck.properties.interface import TENSOR_FORMS, check_call
+from ropecheck.properties.interface import TENSOR_FORMS, Interface, check_call
 
 MIN_MAX_POSITION = 255  # the smallest position range a target may declare
 
@@ -52,6 +53,8 @@ class Target:
     devices: tuple[str, ...] = ("cpu", "cuda")
     device: str = "cpu"
     mode: str = "eager"  # how the checks run it (--mode, ropecheck.calling.modes)
+    # the library interface it is called through (--api: a preset of ropecheck.calling.presets)
+    api: Optional[str] = None
     description: str = ""
     # the family parameters it implies (an N-D adapter's sections, layout, ...), as flags name them
     implies: dict = field(default_factory=dict, compare=False)
@@ -60,6 +63,8 @@ class Target:
 
     def __post_init__(self):
         check_call(self.call)
+        if self.api is not None and self.api not in PRESETS:
+            raise ValueError(f"{self.name}: unknown api {self.api!r}; known: {', '.join(PRESETS)}")
         if self.convention is not None and getattr(self.convention, "rotary_dim", None) is not None:
             object.__setattr__(self, "rotary_dim", self.convention.rotary_dim)
         if self.max_position is not None and self.max_position < MIN_MAX_POSITION:
@@ -71,6 +76,11 @@ class Target:
     @property
     def takes_tensors(self) -> bool:
         return self.call in TENSOR_FORMS
+
+    @property
+    def interface(self) -> Optional[Interface]:
+        """What the checks read of its library interface (None: called in its call form)."""
+        return PRESETS[self.api].interface if self.api else None
 
     def caller(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
         """The target called under the contract (``properties.interface.Rope``), in its
@@ -84,7 +94,19 @@ class Target:
             raise ValueError(f"{self.name}: a target with neither a callable nor an executor cannot be called")
         if not self.takes_tensors:
             return PlainCaller(executor, timeout)
-        return Caller(executor, self.call, timeout, self.inplace, self.device, self.mode)
+        table = self.interface.table if self.api and self.interface else None
+        rows = (self.max_position or 0) + 1 if table is not None and table.by == "position" else 0
+        return Caller(
+            executor,
+            self.call,
+            timeout,
+            self.inplace,
+            self.device,
+            self.mode,
+            api=self.api or "",
+            convention=self.convention,
+            table_rows=rows,
+        )
 
     def with_(self, **changes) -> "Target":
         return replace(self, **changes)

@@ -1,0 +1,326 @@
+"""Library signatures as presets (``--api NAME``): a kernel written to a real library's
+RoPE interface is checked as it is, with no wrapper.
+
+A ``Preset`` is data: the interface's parameters in order (``Param``: its name, the role
+of the value ropecheck passes, its default), what it returns (its results written into the
+tensors it was given, or returned), which canonical call forms it serves, how its tensors
+are laid out (``api_call.FORMATS``), and the ``properties.interface.Interface`` the checks
+read (the table it is fed and its dtype, the memory layouts and call variants its tensors
+come in, the names of its arguments). ``api_call.invoke`` turns one canonical call into a
+call of the preset and its results back.
+
+How ropecheck calls a preset, as its library's callers do: the parameters without a
+default positionally, in order; those with a default by keyword, and only when the call
+needs a value other than the default (a kernel may have more parameters, with defaults).
+``--layout`` becomes the layout argument (``is_neox``, ``interleave``, ``interleaved``),
+``--rotary-dim`` the table's width (or ``rotary_dim``), ``--base`` and ``--scaling`` the
+table ropecheck builds (for a preset that computes its own angles: ``rope_theta`` = base,
+``rope_scale`` = the linear scaling factor).
+
+Adding a preset is one record here (and, for a new tensor format or role, a branch of
+``api_call``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ropecheck.properties.cases import INTERFACE_LAYOUTS
+from ropecheck.properties.interface import Interface, Table
+
+REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
+# the roles whose value is always the parameter's default: never passed, so a kernel need
+# not have them (transformers' apply_rotary_pos_emb has no position_ids since 4.48)
+ALWAYS_DEFAULT = ("none", "unsqueeze_dim", "cp_size", "cp_rank")
+TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by position, by default
+
+# the realistic layouts of a serving engine's (tokens, heads, head_dim) tensors: bshd
+# storage (the batch flattens into tokens as a view), fused qkv slices, padded heads, MLA
+TOKEN_LAYOUTS = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-64", *INTERFACE_LAYOUTS)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the interface: its name, the role of what ropecheck passes for it
+    (``api_call.VALUES``), and its default (``REQUIRED``: positional, always passed)."""
+
+    name: str
+    role: str
+    default: Any = REQUIRED
+
+    @property
+    def positional(self) -> bool:
+        return self.default is REQUIRED or self.default == REQUIRED
+
+    def shown(self) -> str:
+        if self.positional:
+            return self.name
+        shown = f"{self.default:g}" if isinstance(self.default, float) else repr(self.default)
+        return f"{self.name}={shown}"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A library's RoPE interface. ``returns``: "inplace" (results written into the
+    query/key tensors it was given; it returns None), "qk" ((q_out, k_out)) or "x" (y);
+    ``calls``: the canonical call forms it serves, the first the default; ``tensors``: how
+    its tensors are laid out (``api_call.FORMATS``); ``k``: "required" or "optional" (None
+    allowed) for a (q, k) interface; ``offsets``: positions reach it as each row's (or
+    packed sequence's) offset, so they count up from it; ``layouts``: the argument values
+    of --layout; ``scalings``: the --scaling kinds it can be given (None: any the table
+    takes); ``max_position``: the largest position of its table by default."""
+
+    name: str
+    library: str
+    params: tuple
+    returns: str
+    calls: tuple
+    tensors: str
+    interface: Interface
+    k: str = "required"
+    backward: bool = False
+    offsets: bool = False
+    layouts: dict = field(default_factory=lambda: {"half": True, "interleaved": False})
+    scalings: Optional[tuple] = None
+    max_position: Optional[int] = None
+    partial: bool = True  # takes a rotary dimension below the head size (features past it untouched)
+    description: str = ""
+
+    @property
+    def table(self) -> Optional[Table]:
+        return self.interface.table
+
+    @property
+    def inplace(self) -> bool:
+        return self.returns == "inplace"
+
+    def capabilities(self, call: Optional[str] = None) -> dict:
+        """The Target fields the interface decides, for a call in ``call`` (default its
+        first form): how it is called and returns, whether k may be None, how positions
+        reach it, the length of a table indexed by position."""
+        call = call or self.calls[0]
+        by_row = self.table is not None and self.table.by == "position"
+        return {
+            "call": call,
+            "api": self.name,
+            "inplace": self.inplace,
+            "k_optional": self.k == "optional",
+            "row_offsets": self.offsets and call == "x",
+            "max_position": self.max_position if by_row else None,
+        }
+
+    def signature(self) -> str:
+        out = {"inplace": " (in place)", "qk": " -> (q_out, k_out)", "x": " -> y"}[self.returns]
+        return f"fn({', '.join(p.shown() for p in self.params)}){out}"
+
+    def positional(self) -> list:
+        return [p for p in self.params if p.positional]
+
+    def keywords(self) -> list:
+        return [p for p in self.params if not p.positional]
+
+    def check_signature(self, fn) -> Optional[str]:
+        """Why ``fn`` cannot be called as this preset calls it (None: it can, or its
+        signature cannot be read: the first call will tell)."""
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+        try:
+            passed = {p.name: None for p in self.keywords() if p.role not in ALWAYS_DEFAULT}
+            signature.bind(*[None] * len(self.positional()), **passed)
+        except TypeError as exc:
+            name = getattr(fn, "__name__", "target")
+            return (
+                f"--api {self.name} calls the target as {self.signature()} ({self.library}); "
+                f"its signature is {name}{signature}: {exc}"
+            )
+        return None
+
+
+def _words(**words) -> dict:
+    return words
+
+
+_TOKENS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset(
+            "vllm",
+            "vLLM's ops.rotary_embedding (csrc/pos_encoding_kernels.cu; SGLang's sgl_kernel.rotary_embedding)",
+            (
+                Param("positions", "positions"),
+                Param("query", "query"),
+                Param("key", "key"),
+                Param("head_size", "head_size"),
+                Param("cos_sin_cache", "cache"),
+                Param("is_neox", "layout"),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens",
+            Interface(
+                "vllm",
+                Table("cos-sin", "cos_sin_cache"),
+                TOKEN_LAYOUTS,
+                ("flat", "heads"),
+                own_k_layout=True,
+                tokens=True,
+                words=_TOKENS,
+            ),
+            k="optional",
+            max_position=TABLE_POSITIONS,
+            description="positions int64 (T,); query (T, Hq*D) or (T, Hq, D), strided views included; key "
+            "likewise or None; cos_sin_cache (P, rotary_dim) in query's dtype, rows cat(cos, sin) indexed by "
+            "position; rotated in place, features past rotary_dim untouched",
+        ),
+        Preset(
+            "flashinfer-cos-sin-cache",
+            "FlashInfer's apply_rope_with_cos_sin_cache_inplace (SGLang's sgl_kernel has it too)",
+            (
+                Param("positions", "positions"),
+                Param("query", "query"),
+                Param("key", "key"),
+                Param("head_size", "head_size"),
+                Param("cos_sin_cache", "cache"),
+                Param("is_neox", "layout", True),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens",
+            Interface(
+                "flashinfer-cos-sin-cache",
+                Table("cos-sin", "cos_sin_cache", dtype="float32"),
+                TOKEN_LAYOUTS,
+                ("flat", "heads"),
+                own_k_layout=True,
+                tokens=True,
+                words=_TOKENS,
+            ),
+            max_position=TABLE_POSITIONS,
+            description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required",
+        ),
+        Preset(
+            "flashinfer-pos-ids",
+            "FlashInfer's apply_rope_pos_ids (cos/sin computed in the kernel)",
+            (
+                Param("q", "query"),
+                Param("k", "key"),
+                Param("pos_ids", "positions"),
+                Param("rotary_dim", "rotary_dim", None),
+                Param("interleave", "layout", False),
+                Param("rope_scale", "scale", 1),
+                Param("rope_theta", "base", 1e4),
+            ),
+            "qk",
+            ("qk",),
+            "tokens-heads",
+            Interface(
+                "flashinfer-pos-ids",
+                None,
+                TOKEN_LAYOUTS,
+                ("int64", "int32"),
+                own_k_layout=True,
+                tokens=True,
+                words=_words(positions="pos_ids", query="q", key="k", layout="interleave", rotary_dim="rotary_dim"),
+            ),
+            layouts={"half": False, "interleaved": True},
+            scalings=("default", "linear"),
+            description="q (nnz, Hq, D), k (nnz, Hk, D), pos_ids int32 or int64 (nnz,); rope_theta = --base, "
+            "rope_scale = the linear --scaling factor; returns new tensors",
+        ),
+        Preset(
+            "flash-attn",
+            "flash-attn's apply_rotary_emb (flash_attn/layers/rotary.py, Triton)",
+            (
+                Param("x", "x"),
+                Param("cos", "cos"),
+                Param("sin", "sin"),
+                Param("interleaved", "layout", False),
+                Param("inplace", "inplace", False),
+                Param("seqlen_offsets", "seqlen_offsets", 0),
+                Param("cu_seqlens", "cu_seqlens", None),
+                Param("max_seqlen", "max_seqlen", None),
+            ),
+            "x",
+            ("x", "packed"),
+            "bshd",
+            Interface(
+                "flash-attn",
+                Table("cos-sin", "cos and sin"),
+                words=_words(positions="seqlen_offsets", query="x", layout="interleaved"),
+            ),
+            backward=True,
+            offsets=True,
+            layouts={"half": False, "interleaved": True},
+            max_position=TABLE_POSITIONS,
+            description="x (b, s, h, d), or (total, h, d) with cu_seqlens (--call packed); cos, sin (P, r/2) in x's "
+            "dtype, row = position; seqlen_offsets an int or an int32 (b,) tensor",
+        ),
+        Preset(
+            "hf",
+            "transformers' apply_rotary_pos_emb (liger-kernel's liger_rotary_pos_emb and unsloth take the same)",
+            (
+                Param("q", "query"),
+                Param("k", "key"),
+                Param("cos", "cos"),
+                Param("sin", "sin"),
+                Param("position_ids", "none", None),
+                Param("unsqueeze_dim", "unsqueeze_dim", 1),
+            ),
+            "qk",
+            ("qk",),
+            "bhsd",
+            Interface(
+                "hf",
+                Table("cos-sin", "cos and sin", by="token", width="full"),
+                words=_words(positions="position", query="q", key="k"),
+            ),
+            backward=True,
+            layouts={"half": None, "interleaved": None},
+            partial=False,
+            description="q (b, Hq, s, D), k (b, Hk, s, D); cos, sin (b, s, r) in q's dtype, each frequency twice "
+            "(cat(f, f) for half, repeat_interleave(f, 2) for interleaved); returns new tensors",
+        ),
+        Preset(
+            "te",
+            "TransformerEngine's apply_rotary_pos_emb (Megatron-Core takes the same freqs)",
+            (
+                Param("t", "x"),
+                Param("freqs", "freqs"),
+                Param("tensor_format", "tensor_format", "sbhd"),
+                Param("start_positions", "start_positions", None),
+                Param("interleaved", "layout", False),
+                Param("cu_seqlens", "cu_seqlens", None),
+                Param("cp_size", "cp_size", 1),
+                Param("cp_rank", "cp_rank", 0),
+            ),
+            "x",
+            ("x", "packed"),
+            "te",
+            Interface(
+                "te",
+                Table("angles", "freqs", dtype="float32", width="full"),
+                variants=("sbhd", "bshd"),
+                words=_words(positions="start_positions", query="t", layout="interleaved"),
+            ),
+            backward=True,
+            offsets=True,
+            layouts={"half": False, "interleaved": True},
+            max_position=TABLE_POSITIONS,
+            description="t (s, b, h, d) sbhd, (b, s, h, d) bshd, or (total, h, d) thd with cu_seqlens (--call "
+            "packed); freqs (P, 1, 1, r) float32 angles, each frequency twice; start_positions an int32 (b,) "
+            "tensor",
+        ),
+    )
+}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown --api {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
