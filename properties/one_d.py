@@ -29,7 +29,7 @@ from ropecheck.properties.fixed_cases import (
     within,
 )
 from ropecheck.properties.interface import Subject
-from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput
+from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.properties.sizes import huge_fits
 from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE
@@ -218,6 +218,9 @@ ONE_D = Family(
     range_probe=True,
     description="rope(x, positions) -> y, positions int64 (batch, seq) (1-D RoPE)",
 )
+# its properties (``properties.checks``: registered by map_checks, then call_checks)
+ONE_D_PROPERTIES: dict
+ONE_D_PROPERTIES, register = family_registry(ONE_D)
 
 
 @dataclass(frozen=True)

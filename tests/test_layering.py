@@ -27,7 +27,7 @@ LAYERS = (
     ("session", ("ropecheck.session",)),
     ("report", ("ropecheck.report",)),
     ("identification", ("ropecheck.identification",)),
-    ("front doors", ("ropecheck.api", "ropecheck.cli", "ropecheck.pytest_plugin", "ropecheck.__main__",
+    ("front doors", ("ropecheck.api", "ropecheck.cli", "ropecheck.commands", "ropecheck.pytest_plugin", "ropecheck.__main__",
                      "ropecheck.figures", "ropecheck")),
 )
 

@@ -19,6 +19,16 @@ KERNELS = Path(__file__).with_name("real_config_kernels.py")
 DTYPES = "float32,bfloat16,float16"
 FAST = dict(profile="ci", max_examples=4)
 
+# The whole sweep is ~35 full runs at real head sizes in three dtypes (over ten minutes on
+# two cores): the project's test command runs the settings whose false alarms this pins
+# (Qwen2-VL's w axis at base 1e6, Gemma 3's global layers); `pytest -m slow` runs the rest,
+# and the acceptance corpus (acceptance/corpus.py: hf-*, real-*) runs them all.
+IN_CI = {"qwen2vl_mrope_vllm", "gemma3_global", "hf-qwen2vl-mrope-real"}
+
+
+def sweep(names) -> list:
+    return [name if name in IN_CI else pytest.param(name, marks=pytest.mark.slow) for name in sorted(names)]
+
 # Plain rotations: no attention factor (Phi-3.5's and gpt-oss's scale the output, which only
 # a declared convention accounts for), no switch per call (Phi-3.5's short/long factors
 # depend on the call's length: batch-independence and statelessness promise nothing there).
@@ -39,13 +49,13 @@ def _check(name: str, **flags):
     return ropecheck.check(f"{KERNELS}:{name}", dtypes=DTYPES, **FAST, **flags)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sweep(CONFIGS))
 def test_correct_kernel_passes_at_its_real_settings(name):
     report = _check(name, **CONFIGS[name])
     assert report.passed, report.summary()
 
 
-@pytest.mark.parametrize("name", sorted(ROTATIONS))
+@pytest.mark.parametrize("name", sweep(ROTATIONS))
 def test_spec_free_checks_pass_at_real_settings(name):
     flags = ROTATIONS[name] or dict(rotary_dim=CONFIGS[name]["rotary_dim"])
     report = _check(name, **flags)
@@ -70,7 +80,7 @@ HF_REAL = ["hf-llama31", "hf-llama32", "hf-phi35-longrope", "hf-deepseek-v3-yarn
            "hf-gemma3-global", "hf-gemma3-local", "hf-qwen2vl-mrope-real", "hf-qwen3vl-mrope-real", "hf-glm4v-mrope"]
 
 
-@pytest.mark.parametrize("name", HF_REAL)
+@pytest.mark.parametrize("name", sweep(HF_REAL))
 def test_hf_modules_at_real_settings_pass(name):
     """HF's own rotary modules at each model's published settings (ropecheck/adapters/hf_real.py)."""
     from ropecheck.adapters import ADAPTERS

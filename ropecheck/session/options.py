@@ -1,4 +1,5 @@
-"""The option table: every option of every front door, declared once.
+"""The option table: every option of every front door, declared once (each an ``Option``,
+``ropecheck.session.option``; the table is formatted as a table, a row or a few per option).
 
 Each ``Option`` says its name (the ``ropecheck.check`` keyword), how the command line writes
 it (``--rotary-dim``; pytest ``--rope-rotary-dim`` and the ini option ``rope_rotary_dim``),
@@ -18,8 +19,7 @@ a bad value is a ``UsageError`` naming the option the way that front door spells
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
 from ropecheck.calling.presets import PRESETS
@@ -41,97 +41,12 @@ from ropecheck.session.converters import (
     position_range,
     scaling_value,
     sizes_value,
-    switch,
     target_value,
-    words,
 )
+from ropecheck.session.option import LIST, SWITCH, Option, UsageError, complaint, spelled
 
 REGRESSION_FACTOR = 2.0  # --regression-factor: the default threshold of a baseline comparison
 SANITIZE_EXAMPLES = 3  # examples per check under --sanitize (unless --max-examples says otherwise)
-
-
-class UsageError(ValueError):
-    """A front door was given an option it does not take, or a value it cannot use."""
-
-
-# --- the option record ------------------------------------------------------------------------
-
-SWITCH, VALUE, LIST = "switch", "value", "list"
-
-
-@dataclass(frozen=True)
-class Option:
-    name: str  # the ropecheck.check keyword, and the key in Options
-    help: str
-    group: str  # the --help heading
-    convert: Callable = str  # text or a Python value -> the value (ValueError: not one)
-    default: Any = None
-    kind: str = VALUE  # VALUE, SWITCH (a flag) or LIST (repeatable, comma-separated)
-    flag: str = ""  # the command line's word when not the name with dashes: "dtype", "no-backward"
-    inverted: bool = False  # a switch that sets the value False (--no-backward: backward=False)
-    choices: tuple = ()
-    families: tuple = ()  # the families it applies to (() all)
-    calls: tuple = ()  # the call forms it applies to (() all)
-    commands: tuple = ("check",)  # the front doors: check, identify, report, list
-    api: bool = True  # a ropecheck.check / ropecheck.identify keyword
-    pytest: bool = True  # a pytest flag and ini option (check's only)
-    reproduce: bool = True  # written into a failure's reproduce line when given
-    joined: bool = False  # a LIST written as one comma-separated value (per-axis values)
-    defaults: dict = field(default_factory=dict)  # front door -> its own default (api, report)
-    metavar: str = ""
-    flag_value: Optional[str] = None  # the value of the flag given alone (--sanitize: memcheck)
-
-    @property
-    def cli(self) -> str:
-        """``--rotary-dim``."""
-        return "--" + (self.flag or self.name.replace("_", "-"))
-
-    @property
-    def pytest_flag(self) -> str:
-        return "--rope-" + (self.flag or self.name.replace("_", "-"))
-
-    @property
-    def ini(self) -> str:
-        return "rope_" + (self.flag or self.name).replace("-", "_")
-
-    def default_for(self, door: str, command: str = "check"):
-        """Its default through ``door`` (cli, api, pytest) for ``command``: a front door's
-        or a command's own (``ropecheck.check`` and ``report`` default to the ci profile)."""
-        return self.defaults.get(door, self.defaults.get(command, self.default))
-
-    def value(self, raw, door: str = "cli"):
-        """``raw`` (text or a Python value) as this option's value; ValueError if it is not one.
-        An inverted switch (``--no-backward``) is the flag on the command line and in an ini
-        file, the value itself from the API (``backward=False``)."""
-        if self.kind == SWITCH:
-            on = switch(raw)
-            return (not on) if self.inverted and door != "api" else on
-        if self.kind == LIST and not self.joined:
-            items = raw if isinstance(raw, (list, tuple)) else [raw]
-            value = self.convert([w for item in items for w in words(item)])
-        else:
-            value = self.convert(raw)
-        if self.choices and value not in self.choices:
-            raise ValueError(f"must be one of {', '.join(map(str, self.choices))}, got {raw!r}")
-        return value
-
-    def shown(self, value) -> list:
-        """The command-line words that give ``value``."""
-        if self.kind == SWITCH:
-            return [self.cli] if value != self.default else []
-        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):  # (text, parsed)
-            value = value[0]
-        if hasattr(value, "spec"):  # Sizes
-            value = value.spec()
-        if self.kind == LIST and not self.joined:
-            return [w for item in value for w in (self.cli, _text(item))]
-        if isinstance(value, (list, tuple)):
-            value = ",".join(_text(v) for v in value)
-        return [self.cli, _text(value)]
-
-
-def _text(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
@@ -146,377 +61,143 @@ ROTATION_FAMILIES = ("axial", "mrope", "nd")
 TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "xpos")
 BUILDERS = tuple(name for name in FAMILIES if name.endswith("-builder"))
 
+# fmt: off
 OPTIONS: tuple[Option, ...] = (
     # --- what is checked -------------------------------------------------------------------
-    Option(
-        "target",
+    Option("target",
         "path/to/file.py:func, package.module:attr or a built-in name (default: the built-in "
         "rotate-half); set in the ini file, it adds the property suite to a plain `pytest` run",
-        TARGET,
-        target_value,
-        commands=("check", "identify"),
-        reproduce=False,
-    ),
-    Option(
-        "call",
+        TARGET, target_value, commands=("check", "identify"), reproduce=False),
+    Option("call",
         "The target's call form: x = rope(x, positions) -> y; qk = rope(q, k, positions) -> "
         "(q_out, k_out) with k_heads dividing q_heads; packed = rope(x, cu_seqlens, positions) -> y on "
         "(total, heads, head_dim). Default: what the target declares, else its family's first.",
-        TARGET,
-        choices=tuple(CALL_FORMS),
-    ),
-    Option(
-        "api",
+        TARGET, choices=tuple(CALL_FORMS)),
+    Option("api",
         "The library interface the target has, called as that library's callers call it (no wrapper; "
         "ropecheck makes its table): "
         + "; ".join(f"{name} = {preset.signature()}" for name, preset in PRESETS.items())
         + ". --layout, --rotary-dim, --base and --scaling become its arguments and its table. See docs/presets.md.",
-        TARGET,
-        choices=tuple(PRESETS),
-        families=("rope",),
-        metavar="NAME",
-    ),
-    Option(
-        "in_process",
+        TARGET, choices=tuple(PRESETS), families=("rope",), metavar="NAME"),
+    Option("in_process",
         "Call the target in ropecheck's own process, not in a worker process (for a target "
         "that cannot be imported twice; a crash then ends ropecheck).",
-        TARGET,
-        default=False,
-        kind=SWITCH,
-        commands=("check", "identify"),
-    ),
-    Option(
-        "max_position",
+        TARGET, default=False, kind=SWITCH, commands=("check", "identify")),
+    Option("max_position",
         "Declared position range: positions 0 .. N are drawn, shifted into and swept "
         "(default 2^24 = 16777216; at least 255).",
-        TARGET,
-        position_range,
-        metavar="N",
-    ),
-    Option(
-        "device",
+        TARGET, position_range, metavar="N"),
+    Option("device",
         "Where the target's inputs are made: cpu, cuda or cuda:N, with their strides and storage; "
         "the float64 reference stays on the host (default: cpu, or the device the target declares). Exit 2 "
         "on a machine without it.",
-        TARGET,
-        device_name,
-    ),
-    Option(
-        "backward",
-        "The target has no backward: skip gradient checks.",
-        TARGET,
-        default=True,
-        kind=SWITCH,
-        flag="no-backward",
-        inverted=True,
-        families=TENSOR_FAMILIES,
-    ),
-    Option(
-        "inplace",
-        "The target writes its output into x and returns it.",
-        TARGET,
-        default=False,
-        kind=SWITCH,
-        families=("rope",),
-    ),
+        TARGET, device_name),
+    Option("backward", "The target has no backward: skip gradient checks.", TARGET, default=True, kind=SWITCH,
+        flag="no-backward", inverted=True, families=TENSOR_FAMILIES),
+    Option("inplace", "The target writes its output into x and returns it.", TARGET, default=False, kind=SWITCH,
+        families=("rope",)),
     # --- the convention ------------------------------------------------------------------------
-    Option(
-        "layout",
-        "Pairing layout. Without it only spec-free checks run.",
-        CONVENTION,
-        choices=LAYOUTS,
-        families=("rope", "axial", "mrope", "xpos"),
-    ),
-    Option(
-        "base",
-        "Frequency base (default 10000); with --family axial one per axis, e.g. 10000,100.",
-        CONVENTION,
-        base_value,
-        families=("rope", "axial", "mrope", "xpos"),
-        joined=True,
-    ),
-    Option(
-        "rotary_dim",
+    Option("layout", "Pairing layout. Without it only spec-free checks run.", CONVENTION, choices=LAYOUTS,
+        families=("rope", "axial", "mrope", "xpos")),
+    Option("base", "Frequency base (default 10000); with --family axial one per axis, e.g. 10000,100.", CONVENTION,
+        base_value, families=("rope", "axial", "mrope", "xpos"), joined=True),
+    Option("rotary_dim",
         "Rotated features (default: all of head_dim); --family mrope: 2 * sum(sections), the head has more "
         "(passed through).",
-        CONVENTION,
-        at_least(2),
-        families=("rope", "mrope"),
-    ),
-    Option(
-        "scaling",
+        CONVENTION, at_least(2), families=("rope", "mrope")),
+    Option("scaling",
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "
         "a JSON object of HF rope_parameters, or @file.json.",
-        CONVENTION,
-        scaling_value,
-        families=("rope",),
-    ),
+        CONVENTION, scaling_value, families=("rope",)),
     # --- families ------------------------------------------------------------------------------------
-    Option(
-        "family",
+    Option("family",
         "N-D / multimodal target: axial, mrope, nd, or a position builder (rope-tie-builder, "
         "rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); rope: 1-D RoPE "
         "(the default). See docs/families.md.",
-        FAMILY,
-        choices=tuple(FAMILIES),
-    ),
-    Option(
-        "axes",
-        "Number of position axes (--family axial, nd: default 2; rope-tv-builder: 2 or 3).",
-        FAMILY,
-        at_least(1),
-        families=("axial", "nd", *BUILDERS),
-    ),
-    Option(
-        "sections",
-        "Rotated pairs per axis, e.g. 16,24,24 (--family mrope).",
-        FAMILY,
-        integers,
-        kind=LIST,
-        joined=True,
-        families=("mrope",),
-    ),
-    Option(
-        "mrope_interleaved",
-        "Sections interleaved over the pairs (Qwen3-VL), not in chunks (--family mrope).",
-        FAMILY,
-        default=False,
-        kind=SWITCH,
-        families=("mrope",),
-    ),
-    Option(
-        "split",
-        "Features per axis, e.g. 32,32 (--family axial, nd; default equal).",
-        FAMILY,
-        integers,
-        kind=LIST,
-        joined=True,
-        families=("axial", "nd"),
-    ),
-    Option(
-        "nd_base",
-        "One frequency base per axis, e.g. 10000,100 (--family axial).",
-        FAMILY,
-        numbers,
-        kind=LIST,
-        joined=True,
-        families=("axial",),
-    ),
-    Option(
-        "scale_base",
-        "The scale base s of zeta^(m/s) (--family xpos; default 512).",
-        FAMILY,
-        at_least(0.0, number),
-        families=("xpos",),
-    ),
-    Option(
-        "gamma",
-        "zeta_i = (2i/d + gamma)/(1 + gamma) (--family xpos; default 0.4).",
-        FAMILY,
-        at_least(0.0, number),
-        families=("xpos",),
-    ),
+        FAMILY, choices=tuple(FAMILIES)),
+    Option("axes", "Number of position axes (--family axial, nd: default 2; rope-tv-builder: 2 or 3).", FAMILY,
+        at_least(1), families=("axial", "nd", *BUILDERS)),
+    Option("sections", "Rotated pairs per axis, e.g. 16,24,24 (--family mrope).", FAMILY, integers, kind=LIST,
+        joined=True, families=("mrope",)),
+    Option("mrope_interleaved", "Sections interleaved over the pairs (Qwen3-VL), not in chunks (--family mrope).",
+        FAMILY, default=False, kind=SWITCH, families=("mrope",)),
+    Option("split", "Features per axis, e.g. 32,32 (--family axial, nd; default equal).", FAMILY, integers, kind=LIST,
+        joined=True, families=("axial", "nd")),
+    Option("nd_base", "One frequency base per axis, e.g. 10000,100 (--family axial).", FAMILY, numbers, kind=LIST,
+        joined=True, families=("axial",)),
+    Option("scale_base", "The scale base s of zeta^(m/s) (--family xpos; default 512).", FAMILY, at_least(0.0, number),
+        families=("xpos",)),
+    Option("gamma", "zeta_i = (2i/d + gamma)/(1 + gamma) (--family xpos; default 0.4).", FAMILY, at_least(0.0, number),
+        families=("xpos",)),
     # --- the run ------------------------------------------------------------------------------------
-    Option(
-        "profile",
-        "Example budget: ci (derandomized), dev, thorough; production (derandomized, at production sizes).",
-        RUN,
-        default=DEFAULT_PROFILE,
-        choices=tuple(PROFILES),
-        commands=("check", "report"),
-        defaults={"api": "ci", "report": "ci"},
-        reproduce=False,
-    ),
-    Option(
-        "sizes",
+    Option("profile",
+        "Example budget: ci (derandomized), dev, thorough; production (derandomized, at production sizes).", RUN,
+        default=DEFAULT_PROFILE, choices=tuple(PROFILES), commands=("check", "report"),
+        defaults={"api": "ci", "report": "ci"}, reproduce=False),
+    Option("sizes",
         "Input sizes: toy (every profile but production) or production (head sizes 64..512, seq up "
         "to 8192, q/k head ratios 1/4/8/32, and on a CUDA device with the memory one input past 2^31 "
         "elements), then key=value overrides, e.g. production,head_dims=192/256,max_seq=4096.",
-        RUN,
-        sizes_value,
-    ),
-    Option(
-        "seed",
-        "Hypothesis seed (default: random, printed; none for the derandomized profiles).",
-        RUN,
-        integer,
-        commands=("check", "report"),
-        reproduce=False,
-    ),
-    Option(
-        "dtypes",
-        "dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate (default: the target's).",
-        RUN,
-        dtype_names,
-        kind=LIST,
-        flag="dtype",
-        commands=("check", "report"),
-        reproduce=False,
-    ),
-    Option(
-        "modes",
+        RUN, sizes_value),
+    Option("seed", "Hypothesis seed (default: random, printed; none for the derandomized profiles).", RUN, integer,
+        commands=("check", "report"), reproduce=False),
+    Option("dtypes",
+        "dtype to check (float32, bfloat16, float16, float64); repeat or comma-separate (default: the target's).", RUN,
+        dtype_names, kind=LIST, flag="dtype", commands=("check", "report"), reproduce=False),
+    Option("modes",
         "How the target is run (repeatable): eager (default), compile (torch.compile, inductor), "
         "autocast / autocast-fp16 (under torch.autocast with bf16 / fp16), cudagraph (captured and replayed "
         "in a CUDA graph; --device cuda only). Each mode gets its own columns.",
-        RUN,
-        mode_names,
-        default=("eager",),
-        kind=LIST,
-        flag="mode",
-        reproduce=False,
-    ),
-    Option(
-        "properties",
-        "Run only these properties.",
-        RUN,
-        kind=LIST,
-        convert=list,
-        flag="property",
-        pytest=False,
-        reproduce=False,
-    ),
+        RUN, mode_names, default=("eager",), kind=LIST, flag="mode", reproduce=False),
+    Option("properties", "Run only these properties.", RUN, kind=LIST, convert=list, flag="property", pytest=False,
+        reproduce=False),
     Option("max_examples", "Override the profile's examples per check.", RUN, at_least(1)),
-    Option(
-        "timeout",
-        "Seconds one call of the target may take.",
-        RUN,
-        at_least(0.0, number),
-        default=DEFAULT_TIMEOUT,
-        commands=("check", "identify", "report"),
-    ),
-    Option(
-        "sanitize",
+    Option("timeout", "Seconds one call of the target may take.", RUN, at_least(0.0, number), default=DEFAULT_TIMEOUT,
+        commands=("check", "identify", "report")),
+    Option("sanitize",
         "Run the target's worker under NVIDIA compute-sanitizer: memcheck (the flag alone), racecheck, initcheck or "
         "synccheck; a report is a finding of the check being run, with its input. At most "
         f"{SANITIZE_EXAMPLES} examples per check (the sanitizer slows calls 10 to 100 times). Needs a CUDA device "
         "(--device cuda) and compute-sanitizer; exit 2 without them.",
-        RUN,
-        choices=TOOLS,
-        flag_value="memcheck",
-        families=TENSOR_FAMILIES,
-        metavar="[TOOL]",
-    ),
-    Option(
-        "strict_layouts",
-        "A refusal of an exotic memory layout (the layouts probe) fails instead of being a support note.",
-        RUN,
-        default=False,
-        kind=SWITCH,
-    ),
-    Option(
-        "known_failures",
-        "TOML file of known failures (repeatable); they show as 'known', not failed.",
-        RUN,
-        kind=LIST,
-        convert=list,
-        reproduce=False,
-        metavar="FILE",
-    ),
-    Option(
-        "shipped_known_failures",
-        "Ignore the known failures shipped with ropecheck for its adapters.",
-        RUN,
-        default=True,
-        kind=SWITCH,
-        flag="no-known-failures",
-        inverted=True,
-        reproduce=False,
-    ),
+        RUN, choices=TOOLS, flag_value="memcheck", families=TENSOR_FAMILIES, metavar="[TOOL]"),
+    Option("strict_layouts",
+        "A refusal of an exotic memory layout (the layouts probe) fails instead of being a support note.", RUN,
+        default=False, kind=SWITCH),
+    Option("known_failures", "TOML file of known failures (repeatable); they show as 'known', not failed.", RUN,
+        kind=LIST, convert=list, reproduce=False, metavar="FILE"),
+    Option("shipped_known_failures", "Ignore the known failures shipped with ropecheck for its adapters.", RUN,
+        default=True, kind=SWITCH, flag="no-known-failures", inverted=True, reproduce=False),
     # --- output ------------------------------------------------------------------------------------
-    Option(
-        "json",
-        "Write results as JSON.",
-        OUTPUT,
-        commands=("check", "identify"),
-        api=False,
-        pytest=False,
-        reproduce=False,
-        metavar="PATH",
-    ),
+    Option("json", "Write results as JSON.", OUTPUT, commands=("check", "identify"), api=False, pytest=False,
+        reproduce=False, metavar="PATH"),
     Option("junit", "Write results as JUnit XML.", OUTPUT, api=False, pytest=False, reproduce=False, metavar="PATH"),
-    Option(
-        "debug",
-        "Show tracebacks, and what the target's imports and calls print or warn (captured otherwise).",
-        OUTPUT,
-        default=False,
-        kind=SWITCH,
-        commands=("check", "identify"),
-        api=False,
-        pytest=False,
-        reproduce=False,
-    ),
+    Option("debug", "Show tracebacks, and what the target's imports and calls print or warn (captured otherwise).",
+        OUTPUT, default=False, kind=SWITCH, commands=("check", "identify"), api=False, pytest=False, reproduce=False),
     # --- the baseline -------------------------------------------------------------------------------
-    Option(
-        "baseline",
+    Option("baseline",
         "Compare with this earlier run's JSON record (a --json file, or a report.json with `ropecheck report`), "
         "per property x dtype x mode x call form: verdict, largest error, accuracy horizon, error against "
         "position. A regression fails (exit 1); improvements are reported. See docs/ci.md.",
-        BASELINE,
-        commands=("check", "report"),
-        reproduce=False,
-        metavar="PATH",
-    ),
-    Option(
-        "regression_factor",
+        BASELINE, commands=("check", "report"), reproduce=False, metavar="PATH"),
+    Option("regression_factor",
         "With --baseline: an error (largest, or at a swept position) that grew by more than this factor "
         "is a regression, one that shrank by as much an improvement (a horizon: when halved or doubled).",
-        BASELINE,
-        at_least(1.0, number),
-        default=REGRESSION_FACTOR,
-        commands=("check", "report"),
-        reproduce=False,
-    ),
-    Option(
-        "update_baseline",
+        BASELINE, at_least(1.0, number), default=REGRESSION_FACTOR, commands=("check", "report"), reproduce=False),
+    Option("update_baseline",
         "With --baseline PATH: show the comparison without failing on it, and write this run's record to PATH "
         "(created if absent): the deliberate update of a baseline.",
-        BASELINE,
-        default=False,
-        kind=SWITCH,
-        pytest=False,
-        reproduce=False,
-    ),
+        BASELINE, default=False, kind=SWITCH, pytest=False, reproduce=False),
     # --- the other commands -----------------------------------------------------------------------
-    Option(
-        "probe_max_position",
-        "Largest position a probe may use.",
-        TARGET,
-        at_least(1),
-        default=2**24,
-        flag="max-position",
-        commands=("identify",),
-    ),
-    Option(
-        "out",
-        "Folder for report.md, report.json and the plots.",
-        OUTPUT,
-        default="docs/report",
-        commands=("report",),
-        api=False,
-        pytest=False,
-    ),
-    Option(
-        "report_targets",
-        "Only these targets (repeatable).",
-        TARGET,
-        kind=LIST,
-        convert=list,
-        flag="target",
-        commands=("report",),
-        api=False,
-        pytest=False,
-    ),
-    Option(
-        "available",
-        "Only the targets that can run here.",
-        TARGET,
-        default=False,
-        kind=SWITCH,
-        commands=("list",),
-        api=False,
-        pytest=False,
-    ),
+    Option("probe_max_position", "Largest position a probe may use.", TARGET, at_least(1), default=2**24,
+        flag="max-position", commands=("identify",)),
+    Option("out", "Folder for report.md, report.json and the plots.", OUTPUT, default="docs/report",
+        commands=("report",), api=False, pytest=False),
+    Option("report_targets", "Only these targets (repeatable).", TARGET, kind=LIST, convert=list, flag="target",
+        commands=("report",), api=False, pytest=False),
+    Option("available", "Only the targets that can run here.", TARGET, default=False, kind=SWITCH, commands=("list",),
+        api=False, pytest=False),
 )
+# fmt: on
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 FAMILY_PARAMETERS = (
     "axes",
@@ -535,17 +216,6 @@ FAMILY_PARAMETERS = (
 
 def for_command(command: str) -> list[Option]:
     return [o for o in OPTIONS if command in o.commands]
-
-
-def spelled(option: Option, door: str) -> str:
-    """How a front door spells an option: --rotary-dim, rotary_dim, --rope-rotary-dim, rope_rotary_dim."""
-    return {"api": option.name, "pytest": option.pytest_flag, "ini": option.ini}.get(door, option.cli)
-
-
-def _complaint(option: Option, door: str, exc: Exception) -> str:
-    """``rotary_dim must be at least 2, got 1``, or ``--device: ...`` for a message of its own."""
-    said = str(exc)
-    return f"{spelled(option, door)} {said}" if said.startswith("must ") else f"{spelled(option, door)}: {said}"
 
 
 # --- the values ----------------------------------------------------------------------------------
@@ -667,6 +337,6 @@ def parse(command: str, raw: Mapping[str, Any], door: str = "cli", sources: Mapp
         try:
             values[name] = option.value(received, came)
         except (ValueError, TypeError, OSError) as exc:
-            raise UsageError(_complaint(option, came, exc)) from None
+            raise UsageError(complaint(option, came, exc)) from None
         given.append(name)
     return Options(command, values, given, door)
