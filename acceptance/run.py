@@ -4,6 +4,7 @@ committed record.
     .venv/bin/python acceptance/run.py                 # run all, write acceptance/verdicts.json
     .venv/bin/python acceptance/run.py --compare       # run all, diff against verdicts.json
     .venv/bin/python acceptance/run.py -k mrope --compare   # only entries whose name has "mrope"
+    .venv/bin/python acceptance/run.py --compare --recorded  # only the entries verdicts.json holds
 
 Each entry runs as a user runs it (``ropecheck check ... --profile ci --json``, a
 derandomized profile) in a process of its own, two at a time. What is recorded per entry:
@@ -95,12 +96,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", action="store_true", help="diff against verdicts.json, do not write it")
     parser.add_argument("-k", dest="pattern", default="", help="only entries whose name contains this")
+    parser.add_argument("--recorded", action="store_true", help="only entries verdicts.json holds (a change's comparison)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(RECORD), help="where to write the record (default verdicts.json)")
     args = parser.parse_args()
 
     jobs = [(f"check {n}", check_entry, (n, a)) for n, a in CHECKS.items() if args.pattern in n]
     jobs += [(f"identify {n}", identify_entry, (n,)) for n in IDENTIFY if args.pattern in n]
+    if args.recorded:
+        recorded = json.loads(RECORD.read_text())
+        jobs = [job for job in jobs if job[0] in recorded]
     results: dict = {}
     start = time.perf_counter()
 
@@ -120,6 +125,8 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(dict(sorted(old.items())), indent=1) + "\n")
         print(f"wrote {args.out}: {len(results)} entries")
         return 0
+    if args.out != str(RECORD):  # the compared run's own record, to look at or to adopt
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     baseline = json.loads(RECORD.read_text())
     changes = 0
     for key, record in results.items():

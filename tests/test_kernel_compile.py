@@ -144,3 +144,15 @@ def test_the_module_imports_only_ropecheck_kernels():
     names = [name for _, name in imported_modules(Path(aot.__file__).read_text(), "ropecheck.kernels.aot")
              if name.split(".")[0] == "ropecheck"]
     assert names and all(name.startswith("ropecheck.kernels") for name in names), names
+
+
+@pytest.mark.slow
+def test_every_specialization_of_the_whole_scope_compiles_for_both_archs(aot):
+    """Every specialization the checks and the GPU benchmarks launch (``--scope all``: 388
+    kernels over sm_90a and sm_80, about 330 s on 2 cores with an empty cache): compiled,
+    no spills. Under ``pytest -m slow``; `python -m ropecheck.kernels.aot` prints the table."""
+    results = aot.compile_all("all")
+    failed = [f"{r.arch} {r.case}: {r.error}" for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    spilled = [f"{r.arch} {r.case}" for r in results if (r.spill_bytes, r.local_instructions) != (0, 0)]
+    assert not spilled, spilled
