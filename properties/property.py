@@ -199,9 +199,16 @@ class Property:
             return False, "needs a declared convention (--layout)"
         if self.needs_backward and not target.backward:
             return False, "target declares no backward"
-        if self.needs_table and getattr(getattr(target, "interface", None), "table", None) is None:
+        if not self.offered_to(target):
             return False, "needs a table-fed library interface (--api with a table)"
         return self.family.applies(self, target)
+
+    def offered_to(self, target: Subject) -> bool:
+        """Whether a run lists this property for ``target`` at all: a table-fed library
+        interface's property (``needs_table``) is not listed, as a skipped row in every
+        table, for a target called without such an interface (asked for by name, it is
+        listed and skipped with the reason)."""
+        return not self.needs_table or getattr(getattr(target, "interface", None), "table", None) is not None
 
 
 def family_registry(family: Family) -> tuple[dict, Callable]:

@@ -154,8 +154,9 @@ def run_subprocess(*args: str, timeout: float = 120):
     return proc, time.monotonic() - start
 
 
-# every property, and the position-range probe the session runs first
-ROWS = len(PROPERTIES) + 1
+# every property offered to a target called as itself (a table-fed interface's are not), and the position-range probe
+ROWS = sum(not prop.needs_table for prop in PROPERTIES.values()) + 1
+
 
 
 def failed(output: str, prop: str, dtype: str) -> bool:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ropecheck.properties import cases as case_module
 from ropecheck.properties import checks, one_d, sizes as size_sets
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.cases import Case
+from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
 from ropecheck.properties.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
@@ -104,7 +104,7 @@ def _context(convention: Convention, dtype: str = "float32") -> Context:
 def _rotated(ctx: Context, case: Case, wrong_at: int | None = None) -> torch.Tensor:
     """The exact rotation of the case's input in its dtype; ``wrong_at``: one token off."""
     x = case.tensor()
-    y = ctx.convention.apply(checks.as_float64(x), case.positions_array())
+    y = ctx.convention.apply(as_float64(x), case.positions_array())
     if wrong_at is not None:
         y[0, wrong_at, 0, 1] += 0.5
     return torch.from_numpy(y).to(x.dtype)

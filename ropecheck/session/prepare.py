@@ -124,6 +124,8 @@ def prepare(
             chosen = family.selected(options.properties or ())
         except FamilyError as exc:
             raise UsageError(str(exc)) from None
+        if not options.properties:
+            chosen = [p for p in chosen if p.offered_to(built)]
         if options.modes != ["eager"] and not built.takes_tensors:
             raise UnusableTarget(f"--mode {' '.join(options.modes)}: {built.name!r} takes no tensors to run in a mode")
         try:
