@@ -169,6 +169,7 @@ CHECKS.update({
     "real-deepseek-v3-yarn-ramp-early": [f"{REAL}:deepseek_v3_yarn_ramp_early", *DEEPSEEK, *F32_BF16],
     "real-qwen2vl-mrope-w-ignored": [f"{REAL}:qwen2vl_mrope_w_ignored", *QWEN2VL, *F32_BF16],
     "real-gemma3-global-frozen": [f"{REAL}:gemma3_global_frozen", *GEMMA3_GLOBAL, *F32_BF16],
+})
 # library interfaces (--api presets): kernels written to each library's signature, correct
 # ones and the defects each must catch (tests/preset_kernels.py)
 PRESET_KERNELS = {
