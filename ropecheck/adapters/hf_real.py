@@ -98,14 +98,9 @@ def _rotated(apply, head_dim: int, interleave_out: bool = False):
     return rope_with
 
 
-def _text_model(module: str, config: str, rotary: str, head_dim: int, rope_parameters: dict, **extra):
-    """The model's config (one layer, its real head size and rope parameters) and rotary module."""
-    import importlib
-
-    import transformers
-
-    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-    settings = dict(
+def _one_layer(head_dim: int, rope_parameters: dict) -> dict:
+    """A text config of one small layer at the model's real head size and rope parameters."""
+    return dict(
         hidden_size=4 * head_dim,
         num_attention_heads=4,
         num_key_value_heads=4,
@@ -113,10 +108,18 @@ def _text_model(module: str, config: str, rotary: str, head_dim: int, rope_param
         num_hidden_layers=1,
         intermediate_size=32,
         vocab_size=1000,
-        max_position_embeddings=131072,
         rope_parameters=rope_parameters,
     )
-    settings.update(extra)
+
+
+def _text_model(module: str, config: str, rotary: str, head_dim: int, rope_parameters: dict, **extra):
+    """The model's config (one layer, its real head size and rope parameters) and rotary module."""
+    import importlib
+
+    import transformers
+
+    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    settings = {**_one_layer(head_dim, rope_parameters), "max_position_embeddings": 131072, **extra}  # extra overrides
     cfg = getattr(transformers, config)(**settings)
     return modeling, getattr(modeling, rotary)(cfg)
 
@@ -158,16 +161,7 @@ def _mrope(module, config, rotary, head_dim, rope_parameters, text=True):
         import transformers
 
         modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-        text_config = dict(
-            hidden_size=4 * head_dim,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            head_dim=head_dim,
-            num_hidden_layers=1,
-            intermediate_size=32,
-            vocab_size=1000,
-            rope_parameters=rope_parameters,
-        )
+        text_config = _one_layer(head_dim, rope_parameters)
         cfg = getattr(transformers, config)(text_config=text_config).get_text_config()
         emb = getattr(modeling, rotary)(cfg)
         return _rotated(modeling.apply_rotary_pos_emb, head_dim)(lambda q, p: emb(q, p.permute(2, 0, 1)))
