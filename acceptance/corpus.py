@@ -25,6 +25,7 @@ ADAPTERS = [
     "rotary-embedding-torch-axial", "rotary-embedding-torch-axial-offsets", "hf-qwen2vl-mrope",
     "hf-qwen2vl-rope-index", "hf-qwen2vl-mrope-qk", "hf-qwen3vl-mrope", "rotary-embedding-torch-xpos",
     "x-transformers-xpos", "hf-apply-rotary-pos-emb", "liger-rotary-pos-emb", "flash-attn-apply-rotary-emb",
+    "megatron-core-apply-rotary-pos-emb", "megatron-core-apply-rotary-pos-emb-packed",
 ]
 MUTANTS = [
     "sign_flipped", "interleaved_pairs", "wrong_base", "off_by_one", "positions_ignored",
@@ -183,6 +184,7 @@ PRESET_KERNELS = {
                    "flash_half_read_as_full"],
     "hf": ["hf_correct", "hf_batch_row0", "hf_mqa_key_unrotated"],
     "te": ["te_correct", "te_row0_start_positions"],
+    "megatron": ["megatron_correct", "megatron_interleaved_ignored"],
 }
 for _api, _names in PRESET_KERNELS.items():
     for _name in _names:
@@ -199,6 +201,12 @@ CHECKS.update({
                                  "--layout", "interleaved", *F32_BF16],
     "api-te-correct-packed": ["tests/preset_kernels.py:te_correct", "--api", "te", "--call", "packed", *HALF,
                               *F32_BF16],
+    "api-megatron-correct-packed-yarn": ["tests/preset_kernels.py:megatron_correct", "--api", "megatron", "--call",
+                                         "packed", *HALF, "--scaling", "yarn:factor=4", *F32_BF16],
+    "api-megatron-thd-restarts": ["tests/preset_kernels.py:megatron_thd_restarts", "--api", "megatron", "--call",
+                                  "packed", *HALF, *F32_BF16],
+    "api-megatron-mscale-ignored": ["tests/preset_kernels.py:megatron_mscale_ignored", "--api", "megatron", *HALF,
+                                    "--scaling", "yarn:factor=4", *F32_BF16],
 })
 
 # `ropecheck identify` verdicts: the flags it prints

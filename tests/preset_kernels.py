@@ -3,7 +3,7 @@ presets (``--api``), each correct one beside the bugs of its interface that rope
 catch (issue 25). They are plain torch, written from each library's documented semantics
 (vLLM's ``ops.rotary_embedding``, FlashInfer's ``apply_rope_with_cos_sin_cache_inplace``
 and ``apply_rope_pos_ids``, flash-attn's ``apply_rotary_emb``, transformers'
-``apply_rotary_pos_emb``, TransformerEngine's ``apply_rotary_pos_emb``), not copied from
+``apply_rotary_pos_emb``, TransformerEngine's and Megatron-Core's ``apply_rotary_pos_emb``), not copied from
 them. Each kernel computes in float32 (float64 for float64 inputs), as the CUDA kernels do.
 
     ropecheck check tests/preset_kernels.py:vllm_correct --api vllm --layout half
@@ -346,6 +346,43 @@ def te_row0_start_positions(
 ):
     """Uses sequence 0's start_positions for every sequence."""
     return _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=True)
+
+
+# --- Megatron-Core: fn(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None) -> y ------
+
+
+def _megatron(t, freqs, config, cu_seqlens, mscale, thd_restarts=False, ignore_mscale=False, ignore_layout=False):
+    interleaved = config.rotary_interleaved and not ignore_layout
+    r = freqs.shape[-1]
+    if cu_seqlens is not None and thd_restarts:  # each sequence reads rows 0 .. its length - 1
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        freqs = torch.cat([freqs[:n] for n in lengths])
+    angles = freqs[..., 0:r:2] if interleaved else freqs[..., : r // 2]  # (.., r/2) float32
+    scale = 1.0 if ignore_mscale else mscale
+    cos, sin = torch.cos(angles) * scale, torch.sin(angles) * scale
+    if cu_seqlens is not None:  # thd: t (total, h, d), freqs (total, 1, 1, r)
+        cos, sin = cos[:, 0], sin[:, 0]
+    return _rotate(t, cos, sin, not interleaved)
+
+
+def megatron_correct(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+    return _megatron(t, freqs, config, cu_seqlens, mscale)
+
+
+def megatron_thd_restarts(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+    """On thd, reads freqs rows 0 .. n-1 for every sequence (a table of max_seqlen rows),
+    though it was given one row per packed token."""
+    return _megatron(t, freqs, config, cu_seqlens, mscale, thd_restarts=True)
+
+
+def megatron_mscale_ignored(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+    """Drops the attention factor (YaRN's mscale)."""
+    return _megatron(t, freqs, config, cu_seqlens, mscale, ignore_mscale=True)
+
+
+def megatron_interleaved_ignored(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+    """Pairs features by halves whatever config.rotary_interleaved says."""
+    return _megatron(t, freqs, config, cu_seqlens, mscale, ignore_layout=True)
 
 
 def not_a_preset(x: torch.Tensor, positions: torch.Tensor, extra: Optional[int] = None):

@@ -16,6 +16,7 @@ DTYPES = "float32,bfloat16"
 # the properties a correct kernel must pass here (every property runs in the acceptance
 # corpus, acceptance/corpus.py "api-*"): the contract, the reference, the table of -m
 QUICK = ["contract", "reference", "table-inverse"]
+YARN = "yarn:factor=4,original_max_position_embeddings=4096"  # an attention factor (mscale) of 1.139
 
 
 def run(name: str, api: str, properties=QUICK, **options):
@@ -36,6 +37,9 @@ CORRECT = [
     ("hf_correct", "hf", {}),
     ("te_correct", "te", {}),
     ("te_correct", "te", {"call": "packed"}),
+    ("megatron_correct", "megatron", {}),
+    ("megatron_correct", "megatron", {"call": "packed", "layout": "interleaved"}),
+    ("megatron_correct", "megatron", {"scaling": YARN}),
 ]
 
 
@@ -75,6 +79,9 @@ BROKEN = [
     ("hf_batch_row0", "hf", {}, "reference", ""),
     ("hf_mqa_key_unrotated", "hf", {}, "reference", "k's head 0"),
     ("te_row0_start_positions", "te", {}, "reference", "batch row 0's start_positions"),
+    ("megatron_thd_restarts", "megatron", {"call": "packed"}, "reference", ""),
+    ("megatron_mscale_ignored", "megatron", {"scaling": YARN}, "reference", ""),
+    ("megatron_interleaved_ignored", "megatron", {"layout": "interleaved"}, "reference", ""),
 ]
 
 

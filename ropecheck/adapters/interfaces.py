@@ -5,7 +5,9 @@ wrapper; ropecheck makes the table it is fed and calls it as the library's calle
 - transformers' ``apply_rotary_pos_emb`` (``--api hf``): cos/sin (batch, seq, r) per token;
 - liger-kernel's ``liger_rotary_pos_emb`` (``--api hf``, Triton: the interpreter on CPU);
 - flash-attn's Triton ``apply_rotary_emb`` (``--api flash-attn``): cos/sin (P, r/2) rows by
-  position, seqlen_offsets, cu_seqlens (the interpreter on CPU).
+  position, seqlen_offsets, cu_seqlens (the interpreter on CPU);
+- megatron-core's ``apply_rotary_pos_emb`` (``--api megatron``): float32 angles per token,
+  sbhd, and thd with cu_seqlens.
 """
 
 from __future__ import annotations
@@ -76,6 +78,34 @@ register(
         "CUDA the Triton interpreter",
     )
 )
+
+
+def _megatron():
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb
+
+
+for _name, _call, _what in (
+    ("megatron-core-apply-rotary-pos-emb", "x", "sbhd t, freqs (s, b, 1, r)"),
+    ("megatron-core-apply-rotary-pos-emb-packed", "packed", "thd t with cu_seqlens, freqs (total, 1, 1, r)"),
+):
+    register(
+        Adapter(
+            _name,
+            "megatron-core",
+            _megatron,
+            Convention("half", 10000.0),
+            f"megatron-core's apply_rotary_pos_emb(t, freqs, config, ...) as the library itself, through --api "
+            f"megatron: {_what}",
+            call=_call,
+            modules=("megatron.core",),
+            install="pip install megatron-core==0.16.1 torch==2.13.0",
+            api="megatron",
+            notes="its unfused path (config.apply_rope_fusion off: the fused one is TransformerEngine's), a "
+            "one-rank context-parallel group",
+        )
+    )
 
 
 def _own():

@@ -9,6 +9,7 @@ positions can be checked."""
 from __future__ import annotations
 
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
+from ropecheck.calling.api_call import OneRankGroup
 from ropecheck.properties.convention import Convention
 from ropecheck.reference.scaling import Llama3
 
@@ -180,17 +181,6 @@ register(
 # --- megatron-core --------------------------------------------------------------------
 
 
-class _OneRank:
-    """A context-parallel group of one rank: what megatron asks of one (size, rank) without
-    torch.distributed."""
-
-    def size(self) -> int:
-        return 1
-
-    def rank(self) -> int:
-        return 0
-
-
 def _megatron(interleaved: bool, packed: bool = False):
     """Megatron's dispatcher ``apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None)``
     with apply_rope_fusion off (the fused path needs Transformer Engine) and a one-rank
@@ -224,12 +214,12 @@ def _megatron(interleaved: bool, packed: bool = False):
 
         def rope(x, positions):
             freqs = emb(positions, x.shape[-1]).transpose(0, 1)[:, :, None, :]  # (s, b, 1, d)
-            out = rope_utils.apply_rotary_pos_emb(x.transpose(0, 1), freqs, config, cp_group=_OneRank())
+            out = rope_utils.apply_rotary_pos_emb(x.transpose(0, 1), freqs, config, cp_group=OneRankGroup())
             return out.transpose(0, 1)
 
         def rope_packed(x, cu_seqlens, positions):
             freqs = emb(positions, x.shape[-1])[:, None, None, :]  # (total, 1, 1, d)
-            return rope_utils.apply_rotary_pos_emb(x, freqs, config, cu_seqlens=cu_seqlens, cp_group=_OneRank())
+            return rope_utils.apply_rotary_pos_emb(x, freqs, config, cu_seqlens=cu_seqlens, cp_group=OneRankGroup())
 
         return rope_packed if packed else rope
 

@@ -20,6 +20,7 @@ The steps, for every preset alike:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -182,6 +183,19 @@ class _Call:
         self.fresh = (cos, sin, cos.clone(), sin.clone())
         return cos, sin
 
+    def token_angles(self) -> torch.Tensor:
+        """float32 angles per token, each frequency twice: (s, b, 1, r) for an sbhd call,
+        (total, 1, 1, r) packed (one row per token, in the order of the packed tokens)."""
+        angles = tables.by_token(
+            self.convention, self.positions, self.rotary_dim, self.table_dtype(), "full", self.form.table_sign, "angles"
+        )
+        if self.packed:
+            angles = angles.reshape(-1, 1, 1, angles.shape[-1])
+        else:
+            angles = angles.transpose(0, 1)[:, :, None, :]
+        self.fresh = (angles, angles.clone())
+        return angles
+
     def cos_sin(self):
         if not hasattr(self, "_cos_sin"):
             by_row = self.table.by == "position"
@@ -199,9 +213,11 @@ class _Call:
             changed = tables.untouched(kind, conv, rows, r, dtype, device, sign, width, read)
             if changed:
                 raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument} ({changed})")
-        fresh = getattr(self, "fresh", None)
-        if fresh is not None and not (torch.equal(fresh[0], fresh[2]) and torch.equal(fresh[1], fresh[3])):
-            raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument}")
+        fresh = getattr(self, "fresh", None)  # a table made for this call: (given ..., pristine ...)
+        if fresh is not None:
+            given, pristine = fresh[: len(fresh) // 2], fresh[len(fresh) // 2 :]
+            if not all(torch.equal(a, b) for a, b in zip(given, pristine)):
+                raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument}")
 
     # --- the arguments -------------------------------------------------------------------
     def value(self, role: str, tensors: dict) -> Any:
@@ -217,7 +233,13 @@ class _Call:
         if role in ("cos", "sin"):
             return self.cos_sin()[0 if role == "cos" else 1]
         if role == "freqs":
-            return self.row_table("freqs")
+            return self.row_table("freqs") if self.table.by == "position" else self.token_angles()
+        if role == "config":
+            return RopeConfig(rotary_interleaved=preset.layouts[conv.layout])
+        if role == "mscale":
+            return conv.amplitude
+        if role == "cp_group":
+            return OneRankGroup()
         if role == "layout":
             return preset.layouts[conv.layout]
         if role == "rotary_dim":
@@ -295,6 +317,28 @@ class _Call:
                 for canonical, given in reversed(self.copies):  # a copy of a copy first
                     canonical.copy_(given)
         self.tables_untouched()
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """What Megatron-Core's ``apply_rotary_pos_emb`` reads of its ``TransformerConfig``: the
+    pairing, and the unfused path (its fused one is TransformerEngine's kernel)."""
+
+    rotary_interleaved: bool
+    apply_rope_fusion: bool = False
+    multi_latent_attention: bool = False
+    mrope_section: Optional[list] = None
+
+
+class OneRankGroup:
+    """A context-parallel group of one rank: what an interface asks of a process group
+    (``size()``, ``rank()``) without torch.distributed."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
 
 
 def _same(value, default) -> bool:

@@ -316,6 +316,33 @@ PRESETS: dict[str, Preset] = {
             "packed); freqs (P, 1, 1, r) float32 angles, each frequency twice; start_positions an int32 (b,) "
             "tensor",
         ),
+        Preset(
+            "megatron",
+            "Megatron-Core's apply_rotary_pos_emb (megatron/core/models/common/embeddings/rope_utils.py)",
+            (
+                Param("t", "x"),
+                Param("freqs", "freqs"),
+                Param("config", "config"),
+                Param("cu_seqlens", "cu_seqlens", None),
+                Param("mscale", "mscale", 1.0),
+                Param("cp_group", "cp_group", None),
+            ),
+            "x",
+            ("x", "packed"),
+            "te",
+            Interface(
+                "megatron",
+                Table("angles", "freqs", dtype="float32", by="token", width="full"),
+                variants=("sbhd",),
+                words=_words(positions="freqs", query="t", layout="config.rotary_interleaved"),
+            ),
+            backward=True,
+            layouts={"half": False, "interleaved": True},
+            description="t (s, b, h, d) sbhd, or (total, h, d) thd with cu_seqlens (--call packed); freqs float32 "
+            "angles per token, each frequency twice: (s, b, 1, r) sbhd (as its multimodal callers pass them), "
+            "(total, 1, 1, r) thd (one row per packed token); config with rotary_interleaved = --layout "
+            "interleaved and apply_rope_fusion off; mscale the scaling's attention factor; cp_group one rank",
+        ),
     )
 }
 

@@ -188,7 +188,7 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
 def preset_refuses(preset, convention) -> str:
     """Why ``convention`` cannot be given to ``preset`` ("" when it can): a scaling it has
     no argument for, a table indexed by position with frequencies that change with the
-    call (dynamic, LongRoPE), an angle table with an attention factor."""
+    call (dynamic, LongRoPE), an angle table with an attention factor and no argument for it."""
     scaling = convention.scaling
     name = f"--api {preset.name}"
     if preset.scalings is not None and scaling.rope_type not in preset.scalings:
@@ -208,7 +208,8 @@ def preset_refuses(preset, convention) -> str:
                 f"{name} is fed a {table.argument} table made once for every position: the {scaling.rope_type} "
                 "scaling's frequencies change with the call's length (check its builder and applier apart)"
             )
-    if table is not None and table.kind == "angles" and convention.amplitude != 1.0:
+    takes_factor = any(p.role == "mscale" for p in preset.params)
+    if table is not None and table.kind == "angles" and convention.amplitude != 1.0 and not takes_factor:
         return (
             f"{name}'s {table.argument} carry angles only: the {scaling.rope_type} scaling's attention factor "
             "cannot be fed to it"
