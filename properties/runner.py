@@ -48,7 +48,7 @@ DEFAULT_PROFILE = "dev"
 # Seconds a property may spend shrinking a counterexample once it has one: bounds the time
 # of a failing verdict for a slow target.
 SHRINK_BUDGET = 15.0
-# Crashes a property may see while shrinking: each one costs a new worker process.
+# Crashes (and exits) a property may see while shrinking: each one costs a new worker process.
 CRASH_BUDGET = 2
 
 
@@ -178,7 +178,7 @@ class Seen:
         self.inputs[id(failure)] = drawn
         self.latest = (drawn, failure)
         self.since = self.since or time.perf_counter()
-        self.crashes += isinstance(failure, CallError) and failure.kind == "crashed"
+        self.crashes += isinstance(failure, CallError) and failure.kind in ("crashed", "exited")
         error = getattr(failure, "error", None)
         if error is not None:
             self.max = max(self.max, float(error))

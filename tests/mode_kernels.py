@@ -2,6 +2,8 @@
 eager mode and wrong under one execution mode (``ropecheck.modes``), for tests/test_modes.py.
 The file imports torch only: ropecheck loads it in its worker process."""
 
+import warnings
+
 import torch
 
 
@@ -33,4 +35,12 @@ def compile_branch(x, positions):
         d = x.shape[-1]
         inv_freq = 1.0 / 10001.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         return _apply(x, positions.float()[..., None] * inv_freq)
+    return correct(x, positions)
+
+
+def warns_when_compiled(x, positions):
+    """Right in every mode; warns whenever torch.compile runs it (as libraries warn of a
+    fallback or a graph break): the warnings are counted in one line, never printed."""
+    if torch.compiler.is_compiling():
+        warnings.warn("fused path unavailable under torch.compile: falling back", UserWarning)
     return correct(x, positions)

@@ -142,3 +142,29 @@ def test_a_compiling_call_has_a_compile_allowance_once_per_signature():
     assert compiled.time_limit("call", (x,), positions, None) == 5.0
     assert compiled.time_limit("vjp", (x,), positions, None) == 5.0 + COMPILE_ALLOWANCE
     assert Caller(executor=None, timeout=5.0).time_limit("call", (x,), positions, None) == 5.0
+
+
+def test_what_torch_compile_warns_of_is_counted_not_printed(capsys):
+    import logging
+    import warnings
+
+    modes.take_notes()
+    with modes.collecting():
+        logging.getLogger("torch._dynamo").warning("recompiling: shape changed\nwith details")
+        logging.getLogger("torch._inductor.lowering").warning("fallback to aten")
+        warnings.warn("a library's fallback", UserWarning)
+    captured = capsys.readouterr()
+    assert captured.err == captured.out == ""
+    notes = dict(modes.take_notes())
+    assert notes == {"recompiling: shape changed": 1, "fallback to aten": 1, "UserWarning: a library's fallback": 1}
+    assert modes.take_notes() == []  # handed over once
+    line = modes.summary(sorted(notes.items()))
+    assert line.startswith("torch.compile warned 3 times (3 kinds,") and "--debug" in line
+
+
+def test_a_compile_run_reports_torch_compiles_warnings_in_one_line(tmp_path):
+    result, record = run(tmp_path, "warns_when_compiled", "compile")
+    assert result.exit_code == 0, result.output
+    assert record["compile_warnings"], record["compile_warnings"]
+    lines = [line for line in result.output.splitlines() if "torch.compile warned" in line]
+    assert len(lines) == 1 and "Graph break" not in result.output.replace(lines[0], ""), result.output

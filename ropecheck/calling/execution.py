@@ -60,13 +60,14 @@ class Outcome:
     ``returned`` naming what came back instead; ``error``: (kind, message) when the call
     raised or could not run; ``violations``: (kind, message) contract breaches noticed
     around an otherwise finished call; ``state_changes``: process-wide state the target
-    changed (already restored)."""
+    changed (already restored); ``notes``: the warnings a compiling mode caught."""
 
     outputs: Any = None
     returned: str = ""
     error: Optional[tuple] = None
     violations: list = field(default_factory=list)
     state_changes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # (message, count): what torch.compile warned of
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -306,10 +307,13 @@ class Execution:
         :meth:`plain` as ``request.op`` says."""
         r = request
         if r.op == "vjp":
-            return self.vjp(r.args, r.positions, r.grads or (), r.inplace, r.form, r.device, r.mode)
-        if r.op == "plain":
-            return self.plain(r.args)
-        return self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
+            outcome = self.vjp(r.args, r.positions, r.grads or (), r.inplace, r.form, r.device, r.mode)
+        elif r.op == "plain":
+            outcome = self.plain(r.args)
+        else:
+            outcome = self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
+        outcome.notes = modes.take_notes()
+        return outcome
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors (a position builder): its result as

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
-from ropecheck.calling import quiet
+from ropecheck.calling import modes, quiet
 from ropecheck.calling.execution import Execution, Outcome, Request
 from ropecheck.properties.interface import TargetHung
 
@@ -110,6 +110,7 @@ class InProcess:
         with time_limit(request.timeout), quiet.captured():
             outcome = self.execution.run(request)
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
+        modes.record_notes(outcome.notes)
         return outcome
 
     def close(self) -> None:

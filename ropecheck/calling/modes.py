@@ -22,14 +22,98 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
+from collections import Counter
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
+
+from ropecheck.calling import quiet
 
 MODES = ("eager", "compile", "autocast", "autocast-fp16", "cudagraph")
 AUTOCAST_DTYPES = {"autocast": torch.bfloat16, "autocast-fp16": torch.float16}
 RECOMPILE_LIMIT = 64  # distinct shapes and layouts one compiled target may see
 STATIC_SIGNATURES = 3  # input signatures compiled with static shapes in a compile run
+
+
+# What torch.compile warns of (Python warnings, and dynamo's and inductor's log records at
+# WARNING and above) is caught where the target runs and counted, never printed (--debug
+# prints it as well): ``_pending`` in the process that calls the target, handed back with
+# each call's outcome (``take_notes``) and summed over the run in ropecheck's process
+# (``record_notes``, ``run_notes``), which reports it in one line.
+COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor")
+_pending: Counter = Counter()
+_run: Counter = Counter()
+
+
+def _first_line(text) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+class _Collect(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        _pending[_first_line(record.getMessage())] += 1
+
+
+@contextmanager
+def collecting(show: bool = False):
+    """Count what torch.compile warns of in the block (``show``: also let it through)."""
+    collector = _Collect(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in COMPILE_LOGGERS]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [*lg.handlers, collector] if show else [collector]
+        lg.propagate = lg.propagate and show
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers, lg.propagate = handlers, propagate
+        for w in caught:
+            _pending[f"{w.category.__name__}: {_first_line(w.message)}"] += 1
+            if show:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def note(message: str) -> None:
+    """Count one event of a compiling mode (a recompile limit hit, ...)."""
+    _pending[message] += 1
+
+
+def take_notes() -> list:
+    """The (message, count) pairs caught since the last call of this, in this process."""
+    out = list(_pending.items())
+    _pending.clear()
+    return out
+
+
+def record_notes(notes) -> None:
+    """Add a call's notes to this run's (ropecheck's process)."""
+    for message, count in notes:
+        _run[message] += count
+
+
+def run_notes(clear: bool = False) -> list:
+    """This run's notes, most frequent first (``clear``: and start a new run)."""
+    out = _run.most_common()
+    if clear:
+        _run.clear()
+    return out
+
+
+def summary(notes) -> str:
+    """One line: how many warnings torch.compile gave, of how many kinds, the commonest."""
+    if not notes:
+        return ""
+    total = sum(count for _, count in notes)
+    top, count = notes[0]
+    kinds = f"{len(notes)} kinds, " if len(notes) > 1 else ""
+    return f"torch.compile warned {total} times ({kinds}most often {count}x: {top!r}); --debug prints them"
 
 
 def parse(modes) -> list:
@@ -102,13 +186,15 @@ class Compiled:
             for a in args:
                 for dim in dynamic_dims(a):
                     self.dynamo.maybe_mark_dynamic(a, dim)
-        try:
-            return (self.static if static else self.dynamic)(*args)
-        except self.dynamo.exc.FailOnRecompileLimitHit:
-            self.dynamo.reset()
-            self.static = torch.compile(self.fn, dynamic=False)
-            self.dynamic = torch.compile(self.fn, dynamic=None)
-            return (self.static if static else self.dynamic)(*args)
+        with collecting(show=quiet.showing()):
+            try:
+                return (self.static if static else self.dynamic)(*args)
+            except self.dynamo.exc.FailOnRecompileLimitHit:
+                note(f"recompile limit ({RECOMPILE_LIMIT}) hit: compiled afresh")
+                self.dynamo.reset()
+                self.static = torch.compile(self.fn, dynamic=False)
+                self.dynamic = torch.compile(self.fn, dynamic=None)
+                return (self.static if static else self.dynamic)(*args)
 
 
 def signature(args) -> tuple:

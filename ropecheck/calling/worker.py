@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.calling import quiet, sanitizer_reports, spawn
+from ropecheck.calling import modes, quiet, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
@@ -347,6 +347,7 @@ class Worker:
                 ("sanitizer", f"compute-sanitizer {self.sanitize}: " + "; ".join(f.message for f in found))
             )
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
+        modes.record_notes(outcome.notes)
         if outcome.error and outcome.error[0] == "crashed":
             self.crashes += 1
             self.current.stop(kill=True)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ropecheck.calling import modes as run_modes
 from ropecheck.session.session import column_label
 
 SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
@@ -137,6 +138,9 @@ def support_notes(session) -> dict[str, list[str]]:
 
 
 def print_notes(console: Console, session) -> None:
+    compiled = run_modes.summary(session.compile_notes)
+    if compiled:
+        console.print(f"\n[yellow]compile[/]: {escape(compiled)}", soft_wrap=True)
     notes = support_notes(session)
     if notes:
         console.print(
@@ -187,6 +191,7 @@ def session_dict(session) -> dict:
         "stopped": session.stopped,
         "causes": list(session.causes),
         "support_notes": [{"note": n, "dtypes": d} for n, d in support_notes(session).items()],
+        "compile_warnings": [{"message": m, "count": c} for m, c in session.compile_notes],
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
         **({"baseline": session.comparison.to_dict()} if session.comparison is not None else {}),

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ropecheck.calling import modes as run_modes
 from ropecheck.properties import position_range
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import TargetHung
@@ -98,6 +99,7 @@ class Session:
     crashes: dict = field(default_factory=dict)  # dtype -> the crash of its smallest call
     unsupported: dict = field(default_factory=dict)  # dtype -> why it cannot be called
     causes: list = field(default_factory=list)  # root causes shared by several failures
+    compile_notes: list = field(default_factory=list)  # (message, count): torch.compile's warnings
     range_probe: bool = True  # probe the accepted position range first
     modes: list = field(default_factory=lambda: ["eager"])  # how the target is run (--mode)
     options: Optional[Options] = None  # the run's options (the JSON record echoes them)
@@ -188,6 +190,7 @@ class Session:
 
     def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
         """Every row in every column, dtype by dtype; stops at a hang."""
+        run_modes.run_notes(clear=True)
         for dtype in self.dtypes:
             running = (self.rows[0], position_range.FORMULA, "eager")
             try:
@@ -200,6 +203,7 @@ class Session:
                 self._hung(exc, *running[:2], dtype, running[2], on_result)
                 break
         self.causes = group_causes(self.results)
+        self.compile_notes = run_modes.run_notes()
         return self.results
 
     @property
