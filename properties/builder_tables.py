@@ -220,10 +220,7 @@ def _other_lengths(conv: Convention, seq_len: Optional[int]) -> list:
     """(sequence length, what taking it means) for a scaling whose theta depends on it."""
     if not conv.dynamic or not seq_len:
         return []
-    out = [
-        (seq_len - 1, f"the frequencies of sequence length {seq_len - 1}: the largest position taken as the length"),
-        (seq_len + 1, f"the frequencies of sequence length {seq_len + 1}: one past the call's ({seq_len})"),
-    ]
+    out = []  # the switches first: the most specific cause
     for L in conv.scaling.switches():
         if seq_len > L:
             out.append(
@@ -231,6 +228,10 @@ def _other_lengths(conv: Convention, seq_len: Optional[int]) -> list:
             )
         else:
             out.append((L + 1, f"the frequencies of sequence length > {L} at length {seq_len}: switched before {L}"))
+    out.append(
+        (seq_len - 1, f"the frequencies of sequence length {seq_len - 1}: the largest position taken as the length")
+    )
+    out.append((seq_len + 1, f"the frequencies of sequence length {seq_len + 1}: one past the call's ({seq_len})"))
     return out
 
 

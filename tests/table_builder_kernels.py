@@ -82,8 +82,9 @@ def inv_freq(params: dict, r: int, base: float, seq_len: int, bug: str = "") -> 
     return theta, 1.0
 
 
-def table(name="default", r=R, base=None, layout="half", bug=""):
-    """build(positions) -> (cos, sin) (n, r), HF's module (stateless: theta of each call)."""
+def table(name="default", r=R, base=None, layout="half", bug="", per_frequency=False):
+    """build(positions) -> (cos, sin) (n, r), HF's module (stateless: theta of each call);
+    ``per_frequency``: (n, r/2), one column per frequency (flash-attn's cos/sin)."""
     params, base = SCALINGS[name], base or BASES.get(name, BASE)
 
     def build(positions):
@@ -92,7 +93,7 @@ def table(name="default", r=R, base=None, layout="half", bug=""):
             freqs = (positions.to(torch.bfloat16)[:, None] * theta.to(torch.bfloat16)).float()
         else:
             freqs = positions[:, None].float() * theta
-        if bug == "per-frequency":
+        if per_frequency:
             emb = freqs
         elif (layout == "half") != (bug == "duplication"):
             emb = torch.cat((freqs, freqs), dim=-1)
