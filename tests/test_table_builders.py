@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ropecheck
+from ropecheck.adapters import ADAPTERS
 from tests import table_builder_kernels as k
 
 KERNELS = "tests/table_builder_kernels.py"
@@ -164,3 +165,39 @@ def test_the_bound_is_tight_for_a_float32_builder():
     p = positions.numpy()
     worst, _ = compare(built, *expected(conv, p, None), value_bound(conv, p, None, "float32"), p, "half")
     assert 0.01 < worst <= 1.0
+
+
+ADAPTERS_HERE = sorted(n for n, a in ADAPTERS.items() if a.family in ("table-builder", "cache-builder"))
+
+
+def test_every_table_builder_adapter_implies_its_flags():
+    for name in ADAPTERS_HERE:
+        implies = ADAPTERS[name].implies
+        assert implies["rotary_dim"] and implies["base"], name
+        assert ADAPTERS[name].call == ("table" if ADAPTERS[name].family == "table-builder" else "cache"), name
+
+
+@pytest.mark.parametrize("name", ["hf-rotary-longrope", "hf-rope-init-yarn"])
+def test_transformers_builders_pass(name):
+    if ADAPTERS[name].why_unavailable():
+        pytest.skip(ADAPTERS[name].why_unavailable())
+    report = ropecheck.check(name, **FAST)
+    assert report.passed, report.summary()
+
+
+def test_transformers_dynamic_ntk_state_is_a_known_finding():
+    """LlamaRotaryEmbedding (dynamic) keeps the longest call's frequencies until a call below
+    max_position_embeddings: stateless fails (shipped as a known failure)."""
+    if ADAPTERS["hf-rotary-dynamic"].why_unavailable():
+        pytest.skip(ADAPTERS["hf-rotary-dynamic"].why_unavailable())
+    report = ropecheck.check("hf-rotary-dynamic", shipped_known_failures=False, properties=["stateless"], **FAST)
+    assert "state of the longer call leaks" in failure(report, "stateless")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ADAPTERS_HERE)
+def test_every_table_builder_adapter_passes_or_is_known(name):
+    if ADAPTERS[name].why_unavailable():
+        pytest.skip(ADAPTERS[name].why_unavailable())
+    report = ropecheck.check(name, profile="ci")
+    assert report.passed, report.summary()
