@@ -209,6 +209,26 @@ CHECKS.update({
                                     "--scaling", "yarn:factor=4", *F32_BF16],
 })
 
+# table builders (issue 25): the builder half of a pipeline, tests/table_builder_kernels.py and
+# every installed library's builder (their flags implied)
+TABLE = ["--family", "table-builder", "--rotary-dim", "64", "--layout", "half"]
+CACHE = ["--family", "cache-builder", "--rotary-dim", "64"]
+TB = "tests/table_builder_kernels.py"
+CHECKS.update({
+    "table-builder-correct": [f"{TB}:correct_table", *TABLE],
+    "table-builder-yarn-no-mscale": [f"{TB}:yarn_no_mscale", *TABLE, "--scaling",
+                                     "yarn:factor=4,original_max_position_embeddings=1024"],
+    "table-builder-dynamic-leak": [f"{TB}:dynamic_leak", *TABLE, "--scaling",
+                                   "dynamic:factor=2,max_position_embeddings=4096"],
+    "cache-builder-correct": [f"{TB}:correct_cache", *CACHE],
+    "cache-builder-row-shift": [f"{TB}:cache_row_shift", *CACHE],
+})
+for name in ["hf-rotary", "hf-rotary-linear", "hf-rotary-dynamic", "hf-rotary-yarn", "hf-rotary-llama3",
+             "hf-rotary-longrope", "hf-rotary-partial", "hf-rope-init-yarn", "hf-rope-init-longrope",
+             "flash-attn-rotary-cache", "flash-attn-rotary-cache-bf16", "torchtune-rope-cache",
+             "torchtune-llama3-scaled-cache", "megatron-core-cos-sin", "megatron-core-cos-sin-llama3"]:
+    CHECKS[name] = [name]
+
 # `ropecheck identify` verdicts: the flags it prints
 IDENTIFY = ["rotate-half", "llama-complex", "hf-llama-llama3", "hf-llama-yarn", "hf-gpt-neox",
             "tests/mutants.py:sign_flipped", "tests/mutants.py:additive_sinusoid", "tests/mutants.py:norm_growing"]

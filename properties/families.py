@@ -1,7 +1,8 @@
 """Every family of targets, by the name ``--family`` takes: 1-D RoPE (``rope``, the
-default), the N-D families (``axial``, ``mrope``, ``nd``), ``xpos`` and the multimodal
-position builders. A family is one ``property.Family`` record: adding one is a record in
-its checks' module and a line here."""
+default), the N-D families (``axial``, ``mrope``, ``nd``), ``xpos``, the multimodal
+position builders and the table builders (``table-builder``, ``cache-builder``). A family
+is one ``property.Family`` record: adding one is a record in its checks' module and a line
+here."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from ropecheck.properties.builder_checks import BUILDER_FAMILIES
 from ropecheck.properties.nd_families import ND_FAMILIES
 from ropecheck.properties.one_d import ONE_D
 from ropecheck.properties.property import Family, FamilyError
+from ropecheck.properties.table_builder_checks import TABLE_FAMILIES
 from ropecheck.properties.xpos_checks import XPOS
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (ONE_D, *ND_FAMILIES, XPOS, *BUILDER_FAMILIES)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (ONE_D, *ND_FAMILIES, XPOS, *BUILDER_FAMILIES, *TABLE_FAMILIES)}
 DEFAULT_FAMILY = ONE_D.name
 
 

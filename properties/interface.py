@@ -28,10 +28,12 @@ CALL_FORMS = {
     "qk": "rope(q, k, positions) -> (q_out, k_out)",
     "packed": "rope(x, cu_seqlens, positions) -> y",
     "segments": "build_positions(segments) -> array (tokens, n_axes)",
+    "table": "build(positions) -> (cos, sin)",
+    "cache": "build(max_position) -> cos_sin_cache",
 }
 # positional arguments of each form (a loader checks a target's signature with them)
-ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1}
-# the forms that take tensors (the others take plain values: a position builder)
+ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1, "table": 1, "cache": 1}
+# the forms that take tensors to rotate (the others: builders of positions or of tables)
 TENSOR_FORMS = ("x", "qk", "packed")
 
 

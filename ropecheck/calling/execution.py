@@ -316,8 +316,9 @@ class Execution:
         return outcome
 
     def plain(self, args: tuple) -> Outcome:
-        """fn(*args) for a target that takes no tensors (a position builder): its result as
-        it came (a tensor detached), for the caller to judge."""
+        """fn(*args) for a target that takes no tensors to rotate (a position or table
+        builder): its result as it came (tensors detached, a tuple's too: a worker sends
+        it back), for the caller to judge."""
         outcome = Outcome()
         with state_guard(outcome.state_changes):
             try:
@@ -325,7 +326,7 @@ class Execution:
             except (Exception, SystemExit) as exc:
                 outcome.error = _raised(exc)
                 return outcome
-        outcome.outputs = out.detach() if isinstance(out, torch.Tensor) else out
+        outcome.outputs = _detached(out)
         outcome.returned = type(out).__name__
         return outcome
 
@@ -392,3 +393,10 @@ class Execution:
             )
         outcome.outputs = to_host((y_out, None if g is None else g.detach()))
         return outcome
+
+
+def _detached(out):
+    """A builder's result, its tensors detached (a tuple's or list's too)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detached(t) for t in out)
+    return out.detach() if isinstance(out, torch.Tensor) else out

@@ -59,7 +59,9 @@ TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
 )
 ROTATION_FAMILIES = ("axial", "mrope", "nd")
 TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "xpos")
-BUILDERS = tuple(name for name in FAMILIES if name.endswith("-builder"))
+# the position builders (--axes); the table builders (TABLE_BUILDERS) take the 1-D convention
+BUILDERS = tuple(name for name, family in FAMILIES.items() if "segments" in family.calls)
+TABLE_BUILDERS = tuple(name for name, family in FAMILIES.items() if {"table", "cache"} & set(family.calls))
 
 # fmt: off
 OPTIONS: tuple[Option, ...] = (
@@ -97,22 +99,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("inplace", "The target writes its output into x and returns it.", TARGET, default=False, kind=SWITCH,
         families=("rope",)),
     # --- the convention ------------------------------------------------------------------------
-    Option("layout", "Pairing layout. Without it only spec-free checks run.", CONVENTION, choices=LAYOUTS,
-        families=("rope", "axial", "mrope", "xpos")),
+    Option("layout",
+        "Pairing layout. Without it only spec-free checks run (a table builder: how a table of rotary_dim "
+        "columns holds each frequency twice, half cat(f, f) or interleaved repeat_interleave(f, 2)).",
+        CONVENTION, choices=LAYOUTS, families=("rope", "axial", "mrope", "xpos", *TABLE_BUILDERS)),
     Option("base", "Frequency base (default 10000); with --family axial one per axis, e.g. 10000,100.", CONVENTION,
-        base_value, families=("rope", "axial", "mrope", "xpos"), joined=True),
+        base_value, families=("rope", "axial", "mrope", "xpos", *TABLE_BUILDERS), joined=True),
     Option("rotary_dim",
         "Rotated features (default: all of head_dim); --family mrope: 2 * sum(sections), the head has more "
-        "(passed through).",
-        CONVENTION, at_least(2), families=("rope", "mrope")),
+        "(passed through); a table builder (--family table-builder, cache-builder): required, its tables' width.",
+        CONVENTION, at_least(2), families=("rope", "mrope", *TABLE_BUILDERS)),
     Option("scaling",
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "
         "a JSON object of HF rope_parameters, or @file.json.",
-        CONVENTION, scaling_value, families=("rope",)),
+        CONVENTION, scaling_value, families=("rope", *TABLE_BUILDERS)),
     # --- families ------------------------------------------------------------------------------------
     Option("family",
         "N-D / multimodal target: axial, mrope, nd, or a position builder (rope-tie-builder, "
-        "rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); rope: 1-D RoPE "
+        "rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); table-builder: "
+        "build(positions) -> (cos, sin); cache-builder: build(max_position) -> cos_sin_cache; rope: 1-D RoPE "
         "(the default). See docs/families.md.",
         FAMILY, choices=tuple(FAMILIES)),
     Option("axes", "Number of position axes (--family axial, nd: default 2; rope-tv-builder: 2 or 3).", FAMILY,
