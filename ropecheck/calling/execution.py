@@ -317,8 +317,7 @@ class Execution:
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors to rotate (a position or table
-        builder): its result as it came (tensors detached, a tuple's too: a worker sends
-        it back), for the caller to judge."""
+        builder): its result as it came, tensors detached, for the caller to judge."""
         outcome = Outcome()
         with state_guard(outcome.state_changes):
             try:
@@ -395,8 +394,7 @@ class Execution:
         return outcome
 
 
-def _detached(out):
-    """A builder's result, its tensors detached (a tuple's or list's too)."""
+def _detached(out):  # a builder's result, its tensors detached (a tuple's too: a worker sends it back)
     if isinstance(out, (tuple, list)):
         return type(out)(_detached(t) for t in out)
     return out.detach() if isinstance(out, torch.Tensor) else out
