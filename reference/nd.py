@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-import scipy.linalg
 
 from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 
@@ -246,6 +245,8 @@ def rotation_expm(position, generators, *, validate: bool = True) -> np.ndarray:
     position = np.asarray(position, dtype=np.float64).reshape(-1)
     if position.shape != (len(gens),):
         raise ValueError(f"position needs {len(gens)} coordinates, got {position.shape[0]}")
+    import scipy.linalg  # here, not at import: a third of a second that only N-D checks need
+
     return scipy.linalg.expm(sum(x * b for x, b in zip(position, gens)))
 
 
