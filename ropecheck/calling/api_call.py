@@ -61,7 +61,8 @@ class _Call:
         self.head_dim = x.shape[-1]
         self.rotary_dim = self.convention.rotary_dim_for(self.head_dim)
         self.copies: list = []  # (canonical view, the tensor the kernel got instead): written back
-        self.tables: list = []  # (table tensors, their pristine copies) made for this call only
+        self.tables: list = []  # the keys of the kept tables (indexed by position) it is given
+        self.made: list = []  # (table, its pristine copy): the tables made for this call only
         self.packed = form.call == "packed"
 
     # --- the canonical tensors -----------------------------------------------------------
@@ -180,20 +181,20 @@ class _Call:
             self.table.width,
             self.form.table_sign,
         )
-        self.fresh = (cos, sin, cos.clone(), sin.clone())
+        self.made += [(cos, cos.clone()), (sin, sin.clone())]
         return cos, sin
 
     def token_angles(self) -> torch.Tensor:
         """float32 angles per token, each frequency twice: (s, b, 1, r) for an sbhd call,
         (total, 1, 1, r) packed (one row per token, in the order of the packed tokens)."""
-        angles = tables.by_token(
-            self.convention, self.positions, self.rotary_dim, self.table_dtype(), "full", self.form.table_sign, "angles"
+        angles = tables.angles_by_token(
+            self.convention, self.positions, self.rotary_dim, self.table_dtype(), "full", self.form.table_sign
         )
         if self.packed:
             angles = angles.reshape(-1, 1, 1, angles.shape[-1])
         else:
             angles = angles.transpose(0, 1)[:, :, None, :]
-        self.fresh = (angles, angles.clone())
+        self.made.append((angles, angles.clone()))
         return angles
 
     def cos_sin(self):
@@ -213,11 +214,8 @@ class _Call:
             changed = tables.untouched(kind, conv, rows, r, dtype, device, sign, width, read)
             if changed:
                 raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument} ({changed})")
-        fresh = getattr(self, "fresh", None)  # a table made for this call: (given ..., pristine ...)
-        if fresh is not None:
-            given, pristine = fresh[: len(fresh) // 2], fresh[len(fresh) // 2 :]
-            if not all(torch.equal(a, b) for a, b in zip(given, pristine)):
-                raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument}")
+        if not all(torch.equal(given, pristine) for given, pristine in self.made):
+            raise ReturnedWrong("mutated", f"the target wrote into {self.table.argument}")
 
     # --- the arguments -------------------------------------------------------------------
     def value(self, role: str, tensors: dict) -> Any:

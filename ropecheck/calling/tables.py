@@ -7,7 +7,7 @@ the scaling's attention factor), rounded once to the table's dtype.
 - ``cos_sin``: cos and sin per position row (flash-attn: (P, r/2)) or per token (HF:
   (batch, seq, r), each frequency twice as the layout pairs features);
 - ``freqs``: the angles themselves per position row, (P, 1, 1, r) (TransformerEngine),
-  or per token (Megatron-Core: ``by_token``).
+  or per token (Megatron-Core: ``angles_by_token``).
 
 ``sign=-1`` makes the table of -m (row p turns by -p theta_i: R_m^T), with which a
 correct kernel undoes its own rotation. Tables indexed by position are made once per
@@ -109,20 +109,25 @@ def untouched(
     return None
 
 
-def by_token(
-    convention, positions: torch.Tensor, rotary_dim: int, dtype: str, width: str, sign: int = 1, kind="cos_sin"
-):
-    """cos and sin per token (``kind`` "angles": the angles), (*positions.shape, r or r/2),
-    on the positions' device: the call's own seq_len (largest position + 1) for a dynamic
-    scaling, as HF's module does."""
+def _per_token(positions: torch.Tensor) -> tuple:
+    """The positions as int64 numpy, the call's own seq_len (largest position + 1, what a
+    dynamic scaling sees, as HF's module does) and their device."""
     p = positions.detach().cpu().numpy().astype(np.int64)
-    seq_len = int(p.max()) + 1 if p.size else None
-    device = str(positions.device)
-    if kind == "angles":
-        phi = sign * angles(convention, p, rotary_dim, seq_len)
-        return _tensor(widened(phi, width, convention.layout), dtype, device)
+    return p, (int(p.max()) + 1 if p.size else None), str(positions.device)
+
+
+def by_token(convention, positions: torch.Tensor, rotary_dim: int, dtype: str, width: str, sign: int = 1):
+    """cos and sin per token, (*positions.shape, r or r/2), on the positions' device."""
+    p, seq_len, device = _per_token(positions)
     cos, sin = cos_sin(convention, p, rotary_dim, seq_len, sign)
     return (
         _tensor(widened(cos, width, convention.layout), dtype, device),
         _tensor(widened(sin, width, convention.layout), dtype, device),
     )
+
+
+def angles_by_token(convention, positions: torch.Tensor, rotary_dim: int, dtype: str, width: str, sign: int = 1):
+    """The angles m theta_i per token, (*positions.shape, r or r/2), on the positions' device."""
+    p, seq_len, device = _per_token(positions)
+    phi = sign * angles(convention, p, rotary_dim, seq_len)
+    return _tensor(widened(phi, width, convention.layout), dtype, device)
