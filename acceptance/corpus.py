@@ -184,7 +184,7 @@ PRESET_KERNELS = {
                    "flash_half_read_as_full"],
     "hf": ["hf_correct", "hf_batch_row0", "hf_mqa_key_unrotated"],
     "te": ["te_correct", "te_row0_start_positions"],
-    "megatron": ["megatron_correct", "megatron_interleaved_ignored"],
+    "megatron": ["megatron_correct", "megatron_interleaved_ignored", "megatron_writes_freqs"],
 }
 for _api, _names in PRESET_KERNELS.items():
     for _name in _names:

@@ -385,6 +385,13 @@ def megatron_interleaved_ignored(t, freqs, config, cu_seqlens=None, mscale=1.0, 
     return _megatron(t, freqs, config, cu_seqlens, mscale, ignore_layout=True)
 
 
+def megatron_writes_freqs(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+    """Rotates correctly, then scales freqs in place (a buffer reused for the next layer)."""
+    out = _megatron(t, freqs, config, cu_seqlens, mscale)
+    freqs.mul_(0.5)
+    return out
+
+
 def not_a_preset(x: torch.Tensor, positions: torch.Tensor, extra: Optional[int] = None):
     """A rope(x, positions) kernel: no preset's signature fits it."""
     return x
