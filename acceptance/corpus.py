@@ -209,6 +209,20 @@ CHECKS.update({
                                     "--scaling", "yarn:factor=4", *F32_BF16],
 })
 
+# fused serving kernels (issue 26): rope + KV-cache write through vLLM's and SGLang's
+# signatures, every defect in both; MLA's k_pe with its latent row stride ignored
+# (tests/serving_kernels.py)
+for _prefix, _api in (("vllm_kv", "vllm-kvcache"), ("sglang_kv", "sglang-kvcache")):
+    for _kind in ("correct", "key_only_in_cache", "slot_off_by_one", "padding_written", "value_rotated"):
+        _name = f"{_prefix}_{_kind}"
+        CHECKS[f"api-{_name.replace('_', '-')}"] = [f"tests/serving_kernels.py:{_name}", "--api", _api, *HALF,
+                                                   *F32_BF16]
+CHECKS["api-vllm-kv-correct-interleaved-partial"] = ["tests/serving_kernels.py:vllm_kv_correct", "--api",
+                                                     "vllm-kvcache", "--layout", "interleaved", "--base", "10000",
+                                                     "--rotary-dim", "32", *F32_BF16]
+CHECKS["api-vllm-key-row-stride-ignored"] = ["tests/serving_kernels.py:vllm_key_row_stride_ignored", "--api", "vllm",
+                                             *HALF, *F32_BF16]
+
 # table builders (issue 25): the builder half of a pipeline, tests/table_builder_kernels.py and
 # every installed library's builder (their flags implied)
 TABLE = ["--family", "table-builder", "--rotary-dim", "64", "--layout", "half"]

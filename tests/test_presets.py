@@ -19,10 +19,10 @@ QUICK = ["contract", "reference", "table-inverse"]
 YARN = "yarn:factor=4,original_max_position_embeddings=4096"  # an attention factor (mscale) of 1.139
 
 
-def run(name: str, api: str, properties=QUICK, **options):
+def run(name: str, api: str, properties=QUICK, kernels: str = KERNELS, **options):
     options.setdefault("layout", "half")
     options.setdefault("dtypes", DTYPES)
-    return ropecheck.check(f"{KERNELS}:{name}", api=api, properties=properties, in_process=True, **options)
+    return ropecheck.check(f"{kernels}:{name}", api=api, properties=properties, in_process=True, **options)
 
 
 CORRECT = [

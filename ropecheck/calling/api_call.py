@@ -28,6 +28,7 @@ import torch
 from ropecheck.calling import tables
 from ropecheck.calling.devices import Placement
 from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, _kind, _own_storage, cu_seqlens
+from ropecheck.calling.kv_cache import KVCacheCall
 from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.cases import LAYOUTS
 from ropecheck.properties.dtypes import dtype_name
@@ -64,6 +65,7 @@ class _Call:
         self.tables: list = []  # the keys of the kept tables (indexed by position) it is given
         self.made: list = []  # (table, its pristine copy): the tables made for this call only
         self.packed = form.call == "packed"
+        self.kv: Optional[KVCacheCall] = None  # the KV cache of a fused rope + cache-write interface
 
     # --- the canonical tensors -----------------------------------------------------------
     def _qk(self):
@@ -96,10 +98,11 @@ class _Call:
             return None
         fmt = self.preset.tensors
         if fmt in ("tokens", "tokens-heads"):
-            out = _tokens(t, flat=fmt == "tokens" and self.form.variant == "flat")
+            flat = fmt == "tokens" and "flat" in self.variant().split()
+            out = _tokens(t, flat)
             if out is None:  # the batch does not merge into tokens (a slice of a padded batch)
                 compact = self._keep(t, torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t))
-                out = _tokens(compact, flat=fmt == "tokens" and self.form.variant == "flat")
+                out = _tokens(compact, flat)
             return out
         if fmt == "bhsd":
             return t.transpose(1, 2)
@@ -288,7 +291,15 @@ class _Call:
     def _run_qk(self, fn):
         hq, q, k = self._qk()
         q_api, k_api = self.to_api(q), self.to_api(k)
-        args, kwargs = self.arguments({"query": q_api, "key": k_api})
+        tensors = {"query": q_api, "key": k_api}
+        if self.preset.cache:
+            if q_api is None or k_api is None:
+                raise ValueError(f"--api {self.preset.name} takes a query and a key in every call")
+            padded = "padded" in self.variant().split()
+            names = {p.role: p.name for p in self.preset.params}
+            self.kv = KVCacheCall(self.preset.cache, q_api, k_api, self.token_positions(), self.head_dim, padded, names)
+            tensors = self.kv.arguments()
+        args, kwargs = self.arguments(tensors)
         out = fn(*args, **kwargs)
         self._after()
         whole = k is not None and hq < self.x.shape[2]  # k is the case's (not the smallest call's own)
@@ -309,12 +320,16 @@ class _Call:
 
     def _after(self) -> None:
         """What the kernel wrote into the tensors it got instead of views of x goes back
-        into x; a table it wrote into is a finding."""
+        into x; a table it wrote into, or a KV cache written wrong, is a finding."""
+        if self.kv is not None:
+            self.kv.write_back()
         if not self.x.requires_grad:
             with torch.no_grad():
                 for canonical, given in reversed(self.copies):  # a copy of a copy first
                     canonical.copy_(given)
         self.tables_untouched()
+        if self.kv is not None:
+            self.kv.check()
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,9 @@ class Preset:
     allowed) for a (q, k) interface; ``offsets``: positions reach it as each row's (or
     packed sequence's) offset, so they count up from it; ``layouts``: the argument values
     of --layout; ``scalings``: the --scaling kinds it can be given (None: any the table
-    takes); ``max_position``: the largest position of its table by default."""
+    takes); ``max_position``: the largest position of its table by default; ``cache``: the
+    KV cache it writes each token's rotated k and its v into ("paged" or "slots",
+    ``kv_cache``; "" none)."""
 
     name: str
     library: str
@@ -86,6 +88,7 @@ class Preset:
     scalings: Optional[tuple] = None
     max_position: Optional[int] = None
     partial: bool = True  # takes a rotary dimension below the head size (features past it untouched)
+    cache: str = ""
     description: str = ""
 
     @property
@@ -144,6 +147,8 @@ def _words(**words) -> dict:
     return words
 
 
+# a fused cache-write call: q and k flat or per head, with padding tokens (slot -1) or none
+KV_VARIANTS = ("flat", "heads", "flat padded", "heads padded")
 _TOKENS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
 
 PRESETS: dict[str, Preset] = {
@@ -203,6 +208,75 @@ PRESETS: dict[str, Preset] = {
             ),
             max_position=TABLE_POSITIONS,
             description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required",
+        ),
+        Preset(
+            "vllm-kvcache",
+            "vLLM's fused rope + reshape_and_cache_flash (rotary embedding and the paged KV cache write in one kernel)",
+            (
+                Param("query", "query"),
+                Param("key", "key"),
+                Param("value", "value"),
+                Param("positions", "positions"),
+                Param("cos_sin_cache", "cache"),
+                Param("is_neox", "layout"),
+                Param("key_cache", "key_cache"),
+                Param("value_cache", "value_cache"),
+                Param("slot_mapping", "slot_mapping"),
+                Param("k_scale", "k_scale"),
+                Param("v_scale", "v_scale"),
+                Param("kv_cache_dtype", "kv_cache_dtype"),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens",
+            Interface(
+                "vllm-kvcache",
+                Table("cos-sin", "cos_sin_cache"),
+                TOKEN_LAYOUTS,
+                KV_VARIANTS,
+                own_k_layout=True,
+                tokens=True,
+                words=_TOKENS,
+            ),
+            max_position=TABLE_POSITIONS,
+            cache="paged",
+            description="query (T, Hq*D) or (T, Hq, D), strided views included; key, value (T, Hk*D) or (T, Hk, D); "
+            "positions int64 (T,); cos_sin_cache (P, rotary_dim) in query's dtype; key_cache, value_cache "
+            "(num_blocks, block_size, Hk, D) in key's dtype (kv_cache_dtype 'auto', k_scale = v_scale = 1.0 float32 "
+            "tensors); slot_mapping int64 (T,), slot s at block s // block_size, offset s % block_size, -1 for a "
+            "token not cached; q and k rotated in place",
+        ),
+        Preset(
+            "sglang-kvcache",
+            "SGLang's apply_rope_inplace_with_kvcache (rope and the KV cache write in one kernel)",
+            (
+                Param("q", "query"),
+                Param("k", "key"),
+                Param("v", "value"),
+                Param("k_cache", "key_cache"),
+                Param("v_cache", "value_cache"),
+                Param("cos_sin_cache", "cache"),
+                Param("positions", "positions"),
+                Param("out_loc", "slot_mapping"),
+                Param("is_neox", "layout"),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens",
+            Interface(
+                "sglang-kvcache",
+                Table("cos-sin", "cos_sin_cache", dtype="float32"),
+                TOKEN_LAYOUTS,
+                KV_VARIANTS,
+                own_k_layout=True,
+                tokens=True,
+                words=_words(positions="positions", query="q", key="k", layout="is_neox"),
+            ),
+            max_position=TABLE_POSITIONS,
+            cache="slots",
+            description="q (T, Hq*D) or (T, Hq, D), strided views included; k, v (T, Hk*D) or (T, Hk, D); k_cache, "
+            "v_cache (slots, Hk, D) in k's dtype; cos_sin_cache (P, rotary_dim) float32; positions int64 (T,); "
+            "out_loc int64 (T,) the slot per token, -1 for a token not cached; q and k rotated in place",
         ),
         Preset(
             "flashinfer-pos-ids",

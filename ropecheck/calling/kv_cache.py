@@ -1,0 +1,204 @@
+"""The KV cache a fused rope + cache-write kernel is handed (``--api vllm-kvcache``,
+``--api sglang-kvcache``), and the check of everything it wrote there.
+
+A serving engine's fused kernel rotates q and k in place and, in the same pass, writes
+each token's rotated k and its v into the token's slot of a KV cache: ``slot_mapping`` (or
+``out_loc``) gives the slot per token, -1 for a token that must not be cached (the padding
+of a CUDA-graph batch). Its bugs are in outputs a comparison of q and k never reads, so
+for every call ropecheck makes
+
+- v (values of its own, as many heads as k), and the caches: "paged" (num_blocks,
+  block_size, kv_heads, head_size), slot s at block s // block_size, offset s %
+  block_size (vLLM), or "slots" (slots, kv_heads, head_size) (SGLang), in k's dtype (the
+  cache dtype "auto"), every entry a sentinel;
+- a slot per token, distinct and scattered over the cache; in a "padded" call variant,
+  padding tokens at the front and the back of the batch (position 0, slot -1, values of
+  their own), so q, k and v are tensors of ropecheck's with the case's tokens in between;
+
+and after it checks (``ReturnedWrong("cache", ...)``, naming the token, the slot and the
+tensor): each cached token's slot holds the k the kernel left in ``key`` (rotated in place)
+and its v as given, within one rounding of the cache dtype each (two computations of one
+rotated value may round apart); every other slot holds the sentinel (padding tokens wrote
+nothing); v is left as it was. The padding tokens' own q and k may be rotated or not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ropecheck.calling.forms import ReturnedWrong
+
+SENTINEL = 8192.0  # what every cache entry holds before the call (exact in every float dtype)
+BLOCK_SIZE = 16  # vLLM's default block size
+PADDING = (1, 2)  # padding tokens before and after the batch, in a "padded" call variant
+
+
+def _rng(*sizes: int) -> np.random.Generator:
+    """A generator of the call's own (torch's global one is the target's state)."""
+    return np.random.default_rng([7, *sizes])
+
+
+def _ulps(t: torch.Tensor) -> float:
+    return torch.finfo(t.dtype).eps if t.dtype.is_floating_point else 0.0
+
+
+class KVCacheCall:
+    """The cache arguments of one call, made around the token tensors ``query`` and
+    ``key`` ((T, H*D) or (T, H, D) views), and the check of what the kernel wrote."""
+
+    def __init__(
+        self,
+        layout: str,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        positions: torch.Tensor,
+        head_size: int,
+        padded: bool,
+        names: dict,
+    ):
+        self.layout, self.head_size, self.names = layout, head_size, names
+        self.before, self.after = PADDING if padded else (0, 0)
+        self.tokens = positions.numel()
+        self.kept: list = []  # (the caller's view, ropecheck's padded rows): written back after
+        self.query, self.key = self._padded(query), self._padded(key)
+        n, heads = self.before + self.tokens + self.after, self._heads(self.key).shape[1]
+        rng = _rng(n, heads, head_size, self.before)
+        self.key_in = self.key.clone()
+        values = rng.standard_normal(self.key.shape).astype(np.float32)
+        self.value = torch.from_numpy(values).to(dtype=key.dtype, device=key.device)
+        self.value_in = self.value.clone()
+        slots = n + 2 * BLOCK_SIZE  # room for slots no token owns, among them the last
+        blocks = -(-slots // BLOCK_SIZE)
+        slots = blocks * BLOCK_SIZE
+        shape = (blocks, BLOCK_SIZE, heads, head_size) if layout == "paged" else (slots, heads, head_size)
+        self.key_cache = torch.full(shape, SENTINEL, dtype=key.dtype, device=key.device)
+        self.value_cache = torch.full(shape, SENTINEL, dtype=key.dtype, device=key.device)
+        owned = rng.permutation(slots - 1)[: self.tokens]  # the last slot is never a token's
+        mapping = np.full(n, -1, dtype=np.int64)
+        mapping[self.before : self.before + self.tokens] = owned
+        self.slot_mapping = torch.from_numpy(mapping).to(key.device)
+        pad = torch.zeros(n, dtype=positions.dtype, device=positions.device)
+        pad[self.before : self.before + self.tokens] = positions.reshape(-1)
+        self.positions = pad
+
+    def _padded(self, t: torch.Tensor) -> torch.Tensor:
+        """t, or t's tokens between padding rows in a tensor of ropecheck's."""
+        if not (self.before or self.after):
+            return t
+        rows = (self.before + t.shape[0] + self.after, *t.shape[1:])
+        rng = _rng(*rows)
+        out = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)).to(dtype=t.dtype, device=t.device)
+        inner = out[self.before : self.before + t.shape[0]]
+        inner.copy_(t)
+        self.kept.append((t, inner))
+        return out
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.dim() == 3 else t.unflatten(-1, (-1, self.head_size))
+
+    def arguments(self) -> dict:
+        """The values of the cache roles (and the positions, padding included)."""
+        scale = torch.ones((), dtype=torch.float32, device=self.key.device)
+        return {
+            "query": self.query,
+            "key": self.key,
+            "value": self.value,
+            "key_cache": self.key_cache,
+            "value_cache": self.value_cache,
+            "slot_mapping": self.slot_mapping,
+            "positions": self.positions,
+            "kv_cache_dtype": "auto",
+            "k_scale": scale,
+            "v_scale": scale.clone(),
+        }
+
+    def write_back(self) -> None:
+        """The case's tokens of the padded q and k back into the caller's views."""
+        with torch.no_grad():
+            for given, inner in self.kept:
+                given.copy_(inner)
+
+    # --- the check -------------------------------------------------------------------
+    def _where(self, slot: int) -> str:
+        if self.layout != "paged":
+            return f"slot {slot}"
+        return f"slot {slot} (block {slot // BLOCK_SIZE}, offset {slot % BLOCK_SIZE})"
+
+    def _token(self, i: int) -> str:
+        if self.before <= i < self.before + self.tokens:
+            return f"token {i - self.before} (position {int(self.positions[i])})"
+        return f"the padding token at index {i} of the batch"
+
+    def _name(self, role: str) -> str:
+        return self.names.get(role, role)
+
+    def check(self) -> None:
+        if not torch.equal(self.value, self.value_in):
+            token = int((self.value != self.value_in).reshape(self.value.shape[0], -1).any(-1).nonzero()[0])
+            raise ReturnedWrong("cache", f"the target wrote into {self._name('value')} ({self._token(token)})")
+        keys, values = self._heads(self.key).detach(), self._heads(self.value)
+        key_cache = self.key_cache.reshape(-1, *keys.shape[1:])
+        value_cache = self.value_cache.reshape(-1, *keys.shape[1:])
+        mapping = self.slot_mapping.tolist()
+        for i, slot in enumerate(mapping):
+            if slot < 0:
+                continue
+            for name, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
+                held, want = cache[slot].float(), expected[i].float()
+                room = 2 * _ulps(cache) * want.abs().amax(-1, keepdim=True)
+                if not bool(((held - want).abs() <= room).all()):
+                    raise ReturnedWrong("cache", self._wrong_slot(name, i, slot, cache, expected))
+        owned = torch.zeros(key_cache.shape[0], dtype=torch.bool)
+        owned[[s for s in mapping if s >= 0]] = True
+        for name, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
+            written = ((cache != SENTINEL).reshape(cache.shape[0], -1).any(-1).cpu()) & ~owned
+            if bool(written.any()):
+                slot = int(written.nonzero()[0])
+                raise ReturnedWrong("cache", self._stray(name, slot, cache, expected))
+
+    def _wrong_slot(self, role: str, i: int, slot: int, cache, expected) -> str:
+        name, tensor = self._name(role), self._name("key" if role == "key_cache" else "value")
+        head, feature = _first_difference(cache[slot], expected[i])
+        say = (
+            f"{name} {self._where(slot)} does not hold {self._token(i)}'s {tensor} "
+            f"(head {head}, feature {feature}: {float(cache[slot][head, feature]):.4g} in {name}, "
+            f"{float(expected[i][head, feature]):.4g} in {tensor})"
+        )
+        if bool((cache[slot] == SENTINEL).all()):
+            say += ": nothing was written there"
+        elif role == "key_cache" and torch.equal(self._heads(self.key_in)[i], expected[i]):
+            say += f"; {tensor} was left unrotated (the rotated k went only into {name})"
+        elif role == "value_cache" and torch.equal(cache[slot], self._heads(self.key)[i].detach()):
+            say += f"; it holds the token's rotated {self._name('key')}"
+        elif role == "value_cache":
+            say += f"; {tensor} was changed on its way into {name} (rotated?)"
+        found = _holder(cache, expected[i])
+        if found is not None and found != slot:
+            say += f"; it is in {self._where(found)} ({self._name('slot_mapping')} off by {found - slot:+d})"
+        return say
+
+    def _stray(self, role: str, slot: int, cache, expected) -> str:
+        say = f"{self._name(role)} {self._where(slot)}, which no token's slot_mapping names, was written"
+        if slot == cache.shape[0] - 1:
+            say += " (the cache's last slot: a slot of -1 used as an index?)"
+        for i in range(expected.shape[0]):
+            if torch.equal(cache[slot], expected[i]):
+                slot_of, mapping = int(self.slot_mapping[i]), self._name("slot_mapping")
+                said = "-1 (not to be cached)" if slot_of < 0 else str(slot_of)
+                return say + f": it holds the entry of {self._token(i)}, whose {mapping} is {said}"
+        return say
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    where = (a.float() - b.float()).abs()
+    index = int(where.reshape(-1).argmax())
+    return divmod(index, a.shape[-1])
+
+
+def _holder(cache: torch.Tensor, entry: torch.Tensor) -> Optional[int]:
+    """The slot whose entry is ``entry`` exactly, if one is."""
+    match = (cache == entry).reshape(cache.shape[0], -1).all(-1).nonzero()
+    return int(match[0]) if match.numel() else None

@@ -1,0 +1,134 @@
+"""Serving kernels: fused rope + KV-cache write kernels written to the exact signatures of vLLM's
+``fused_rope_and_reshape_cache_flash`` (``--api vllm-kvcache``) and SGLang's
+``apply_rope_inplace_with_kvcache`` (``--api sglang-kvcache``), each correct one beside the
+defects of such kernels that ropecheck must catch (issue 26): the rotated k written only
+into the cache, the slot off by one, a padding token (slot -1) written into the last slot,
+v written rotated; and an MLA kernel in vLLM's ``rotary_embedding`` signature whose k_pe row
+stride (the latent row's, kv_lora_rank + rope) is ignored. Plain torch from the documented
+semantics, not copied from any of them.
+
+    ropecheck check tests/serving_kernels.py:vllm_kv_correct --api vllm-kvcache --layout half
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.preset_kernels import _cache_rotary, _heads
+
+
+def _fused(
+    query,
+    key,
+    value,
+    positions,
+    cos_sin_cache,
+    is_neox,
+    key_cache,
+    value_cache,
+    slots,
+    k_only_in_cache=False,
+    slot_shift=0,
+    padding_written=False,
+    value_rotated=False,
+):
+    head_size = key_cache.shape[-1]
+    k = _heads(key, head_size)
+    if k_only_in_cache:  # the rotation of k lands in a copy (an SGLang fork's fused_rope_store)
+        k = k.clone()
+        _cache_rotary(positions, query, k, head_size, cos_sin_cache, is_neox)
+    else:
+        _cache_rotary(positions, query, key, head_size, cos_sin_cache, is_neox)
+    v = _heads(value, head_size)
+    if value_rotated:
+        v = v.clone()
+        _cache_rotary(positions, v, None, head_size, cos_sin_cache, is_neox)
+    keys = key_cache.view(-1, *key_cache.shape[-2:])
+    values = value_cache.view(-1, *value_cache.shape[-2:])
+    cached = torch.ones_like(slots, dtype=torch.bool) if padding_written else slots >= 0
+    where = slots[cached] + slot_shift
+    keys[where] = k[cached].to(keys.dtype)
+    values[where] = v[cached].to(values.dtype)
+
+
+# --- vLLM: fn(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache,
+#             slot_mapping, k_scale, v_scale, kv_cache_dtype), q and k in place -----------------
+
+
+def vllm_kv_correct(
+    query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    kv_cache_dtype,
+):  # fmt: skip
+    assert kv_cache_dtype == "auto" and float(k_scale) == 1.0 and float(v_scale) == 1.0
+    _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping)
+
+
+def vllm_kv_key_only_in_cache(
+    query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    kv_cache_dtype,
+):  # fmt: skip
+    """Writes the rotated k into the cache and leaves the caller's key unrotated."""
+    _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_only_in_cache=True)
+
+
+def vllm_kv_slot_off_by_one(
+    query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    kv_cache_dtype,
+):  # fmt: skip
+    """Writes each token into the slot after its own."""
+    _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, slot_shift=1)
+
+
+def vllm_kv_padding_written(
+    query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    kv_cache_dtype,
+):  # fmt: skip
+    """Does not skip slot -1: a padding token lands in the cache's last slot."""
+    _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, padding_written=True)
+
+
+def vllm_kv_value_rotated(
+    query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    kv_cache_dtype,
+):  # fmt: skip
+    """Caches v rotated like k."""
+    _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, value_rotated=True)
+
+
+# --- SGLang: fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) ---------
+
+
+def sglang_kv_correct(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc)
+
+
+def sglang_kv_key_only_in_cache(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    """Writes the rotated k into the cache and leaves the caller's k unrotated."""
+    _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, k_only_in_cache=True)
+
+
+def sglang_kv_slot_off_by_one(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    """Writes each token into the slot after its own."""
+    _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, slot_shift=1)
+
+
+def sglang_kv_padding_written(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    """Does not skip out_loc -1: a padding token lands in the cache's last slot."""
+    _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, padding_written=True)
+
+
+def sglang_kv_value_rotated(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    """Caches v rotated like k."""
+    _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, value_rotated=True)
+
+
+# --- MLA through vLLM's rotary_embedding: k_pe a slice of the latent row -------------------
+
+
+def vllm_key_row_stride_ignored(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """Walks key as if its tokens were heads * head_size apart: right for a contiguous key,
+    wrong for MLA's k_pe, whose rows are the latent row's (kv_lora_rank + rope) apart."""
+    k = _heads(key, head_size)
+    T, H, D = k.shape
+    packed = k.as_strided(k.shape, (H * D, k.stride(1), k.stride(2)), k.storage_offset())
+    _cache_rotary(positions, query, packed, head_size, cos_sin_cache, is_neox)

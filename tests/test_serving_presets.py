@@ -1,0 +1,72 @@
+"""Fused serving kernels through their libraries' signatures (issue 26): rope + KV-cache
+write (``--api vllm-kvcache``, ``--api sglang-kvcache``), every output checked (q and k
+rotated in place, each token's slot holding its rotated k and its v, every other slot
+untouched, padding tokens of slot -1 writing nothing), and MLA's k_pe in its latent row.
+Every correct kernel passes and every defect fails, in float32 and bfloat16, with the
+token, the slot and the tensor named."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from tests import test_presets
+from tests.test_cli import check as cli_check
+
+KERNELS = "tests/serving_kernels.py"
+run = partial(test_presets.run, kernels=KERNELS)  # contract, reference and table-inverse by default
+
+
+CORRECT = [
+    ("vllm_kv_correct", "vllm-kvcache", {}),
+    ("vllm_kv_correct", "vllm-kvcache", {"layout": "interleaved", "rotary_dim": 8}),
+    ("sglang_kv_correct", "sglang-kvcache", {}),
+    ("sglang_kv_correct", "sglang-kvcache", {"layout": "interleaved"}),
+]
+
+
+@pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{len(o)}" for _, a, o in CORRECT])
+def test_a_correct_fused_cache_write_kernel_passes(name, api, options):
+    report = run(name, api, **options)
+    assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
+
+
+# (kernel suffix, words the contract finding must hold)
+BROKEN = [
+    ("key_only_in_cache", "was left unrotated (the rotated k went only into"),
+    ("slot_off_by_one", "off by +1"),
+    ("padding_written", "is -1 (not to be cached)"),
+    ("value_rotated", "changed on its way into"),
+]
+
+
+@pytest.mark.parametrize("prefix, api", [("vllm_kv", "vllm-kvcache"), ("sglang_kv", "sglang-kvcache")])
+@pytest.mark.parametrize("defect, words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_fused_cache_write_defect_is_named_by_token_slot_and_tensor(prefix, api, defect, words):
+    report = run(f"{prefix}_{defect}", api, properties=["contract"])
+    failed = {r.dtype for r in report.failures if r.property == "contract"}
+    assert failed == {"float32", "bfloat16"}, [(r.property, r.dtype, r.status) for r in report.results]
+    message = report.failures[0].message
+    assert words in message and "token " in message and "slot " in message, message
+    caches = ("key_cache", "value_cache") if api == "vllm-kvcache" else ("k_cache", "v_cache")
+    assert any(f"{cache} slot" in message for cache in caches), message  # the interface's own names
+
+
+def test_the_rotated_key_left_out_of_key_fails_the_reference_too():
+    """The values-only comparison sees the unrotated key as well (the cache check says why)."""
+    report = run("vllm_kv_key_only_in_cache", "vllm-kvcache", properties=["reference"], dtypes="float32")
+    assert not report.passed
+
+
+def test_an_mla_key_whose_latent_row_stride_is_ignored_fails():
+    """MLA's k_pe is a slice of its latent row (kv_lora_rank + rope per token): a kernel that
+    walks key as contiguous tokens reads and writes the wrong features."""
+    report = run("vllm_key_row_stride_ignored", "vllm", properties=["reference"])
+    assert {r.dtype for r in report.failures} == {"float32", "bfloat16"}
+
+
+def test_the_fused_presets_take_only_the_qk_call():
+    result = cli_check(f"{KERNELS}:vllm_kv_correct", "--api", "vllm-kvcache", "--layout", "half", "--call", "packed")
+    assert result.exit_code == 2, result.output
+    assert "--call qk" in " ".join(result.output.split()), result.output
