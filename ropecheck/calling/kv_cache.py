@@ -142,17 +142,18 @@ class KVCacheCall:
         keys, values = self._heads(self.key).detach(), self._heads(self.value)
         key_cache = self.key_cache.reshape(-1, *keys.shape[1:])
         value_cache = self.value_cache.reshape(-1, *keys.shape[1:])
-        mapping = self.slot_mapping.tolist()
-        for i, slot in enumerate(mapping):
-            if slot < 0:
-                continue
-            for name, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
-                held, want = cache[slot].float(), expected[i].float()
-                room = 2 * _ulps(cache) * want.abs().amax(-1, keepdim=True)
-                if not bool(((held - want).abs() <= room).all()):
-                    raise ReturnedWrong("cache", self._wrong_slot(name, i, slot, cache, expected))
+        cached = self.slot_mapping >= 0
+        tokens, slots = cached.nonzero().reshape(-1), self.slot_mapping[cached]
+        for role, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
+            held, want = cache[slots].float(), expected[tokens].float()
+            room = 2 * _ulps(cache) * want.abs().amax(-1, keepdim=True)
+            wrong = ~((held - want).abs() <= room).reshape(held.shape[0], -1).all(-1)  # NaN is wrong
+            if bool(wrong.any()):
+                first = int(wrong.nonzero()[0])
+                i, slot = int(tokens[first]), int(slots[first])
+                raise ReturnedWrong("cache", self._wrong_slot(role, i, slot, cache, expected))
         owned = torch.zeros(key_cache.shape[0], dtype=torch.bool)
-        owned[[s for s in mapping if s >= 0]] = True
+        owned[slots.cpu()] = True
         for name, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
             written = ((cache != SENTINEL).reshape(cache.shape[0], -1).any(-1).cpu()) & ~owned
             if bool(written.any()):
