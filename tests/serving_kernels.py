@@ -95,10 +95,12 @@ def vllm_kv_value_rotated(
     _fused(query, key, value, positions, cos_sin_cache, is_neox, key_cache, value_cache, slot_mapping, value_rotated=True)
 
 
-# --- SGLang: fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) ---------
+# --- SGLang: fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, *, is_neox) ------
 
 
-def sglang_kv_correct(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+def sglang_kv_correct(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, *, is_neox, rope_dim=0):
+    """As SGLang declares it: is_neox keyword-only, rope_dim 0 (the cache's width)."""
+    assert rope_dim == 0 and q.dim() == k.dim() == v.dim() == 3
     _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc)
 
 

@@ -44,18 +44,21 @@ TOKEN_LAYOUTS = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-6
 @dataclass(frozen=True)
 class Param:
     """One parameter of the interface: its name, the role of what ropecheck passes for it
-    (``api_call.VALUES``), and its default (``REQUIRED``: positional, always passed)."""
+    (``api_call.VALUES``), its default (``REQUIRED``: positional, always passed), and
+    whether it is keyword-only (``keyword``: always passed by name, as SGLang's ``*,
+    is_neox``; a kernel whose parameter is positional takes it so too)."""
 
     name: str
     role: str
     default: Any = REQUIRED
+    keyword: bool = False
 
     @property
     def positional(self) -> bool:
-        return self.default is REQUIRED or self.default == REQUIRED
+        return not self.keyword and (self.default is REQUIRED or self.default == REQUIRED)
 
     def shown(self) -> str:
-        if self.positional:
+        if self.default is REQUIRED or self.default == REQUIRED:
             return self.name
         shown = f"{self.default:g}" if isinstance(self.default, float) else repr(self.default)
         return f"{self.name}={shown}"
@@ -116,7 +119,13 @@ class Preset:
 
     def signature(self) -> str:
         out = {"inplace": " (in place)", "qk": " -> (q_out, k_out)", "x": " -> y"}[self.returns]
-        return f"fn({', '.join(p.shown() for p in self.params)}){out}"
+        shown, star = [], False
+        for p in self.params:
+            if p.keyword and not star:
+                shown.append("*")
+                star = True
+            shown.append(p.shown())
+        return f"fn({', '.join(shown)}){out}"
 
     def positional(self) -> list:
         return [p for p in self.params if p.positional]
@@ -147,8 +156,8 @@ def _words(**words) -> dict:
     return words
 
 
-# a fused cache-write call: q and k flat or per head, with padding tokens (slot -1) or none
-KV_VARIANTS = ("flat", "heads", "flat padded", "heads padded")
+# a fused cache-write call: with padding tokens (slot -1) before and after the batch, or none
+KV_VARIANTS = ("unpadded", "padded")
 _TOKENS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
 
 PRESETS: dict[str, Preset] = {
@@ -228,7 +237,7 @@ PRESETS: dict[str, Preset] = {
             ),
             "inplace",
             ("qk",),
-            "tokens",
+            "tokens-heads",
             Interface(
                 "vllm-kvcache",
                 Table("cos-sin", "cos_sin_cache"),
@@ -240,7 +249,7 @@ PRESETS: dict[str, Preset] = {
             ),
             max_position=TABLE_POSITIONS,
             cache="paged",
-            description="query (T, Hq*D) or (T, Hq, D), strided views included; key, value (T, Hk*D) or (T, Hk, D); "
+            description="query (T, Hq, D), key, value (T, Hk, D), strided views included; "
             "positions int64 (T,); cos_sin_cache (P, rotary_dim) in query's dtype; key_cache, value_cache "
             "(num_blocks, block_size, Hk, D) in key's dtype (kv_cache_dtype 'auto', k_scale = v_scale = 1.0 float32 "
             "tensors); slot_mapping int64 (T,), slot s at block s // block_size, offset s % block_size, -1 for a "
@@ -258,11 +267,11 @@ PRESETS: dict[str, Preset] = {
                 Param("cos_sin_cache", "cache"),
                 Param("positions", "positions"),
                 Param("out_loc", "slot_mapping"),
-                Param("is_neox", "layout"),
+                Param("is_neox", "layout", keyword=True),
             ),
             "inplace",
             ("qk",),
-            "tokens",
+            "tokens-heads",
             Interface(
                 "sglang-kvcache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
@@ -274,9 +283,9 @@ PRESETS: dict[str, Preset] = {
             ),
             max_position=TABLE_POSITIONS,
             cache="slots",
-            description="q (T, Hq*D) or (T, Hq, D), strided views included; k, v (T, Hk*D) or (T, Hk, D); k_cache, "
-            "v_cache (slots, Hk, D) in k's dtype; cos_sin_cache (P, rotary_dim) float32; positions int64 (T,); "
-            "out_loc int64 (T,) the slot per token, -1 for a token not cached; q and k rotated in place",
+            description="q (T, Hq, D), k, v (T, Hk, D), strided views included; k_cache, v_cache (slots, Hk, D) in "
+            "k's dtype; cos_sin_cache (P, rotary_dim) float32; positions int64 (T,); out_loc int64 (T,) the slot per "
+            "token, -1 for a token not cached; is_neox keyword-only; q and k rotated in place",
         ),
         Preset(
             "flashinfer-pos-ids",
