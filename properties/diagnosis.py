@@ -56,7 +56,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropecheck.properties import interface_causes
+from ropecheck.properties import context_parallel, interface_causes
 from ropecheck.properties.cases import as_float64
 from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.interface import CallError
@@ -184,7 +184,11 @@ def suspects(ctx) -> list[Suspect]:
 
 
 def likely_cause(ctx) -> Optional[str]:
-    """'likely cause: ...' for the first suspect, or None when nothing fits."""
+    """'likely cause: ...' for the first suspect, or None when nothing fits; under context
+    parallelism, first the ranks and chunks rotated at positions not theirs."""
+    split = context_parallel.likely_cause(ctx)
+    if split:
+        return split
     found = suspects(ctx)
     return f"likely cause: {found[0].cause}" if found else None
 

@@ -153,5 +153,6 @@ class Subject(Protocol):
     device: str  # where its inputs are made
     mode: str  # how it is run (eager, compile, ...)
     interface: Optional[Interface]  # the library interface it is called through (None: its call form)
+    cp_size: int  # context-parallel ranks its interface's calls are split across (1: none)
 
     def caller(self, timeout: Optional[float]) -> Rope: ...

@@ -91,6 +91,7 @@ class Caller:
         api: str = "",
         convention=None,
         table_rows: int = 0,
+        cp_size: int = 1,
     ):
         self.executor = executor
         self.call = call  # its call form
@@ -101,6 +102,7 @@ class Caller:
         self.api = api  # the library interface (preset) it is called through ("" none)
         self.convention = convention  # what an interface's table is made from
         self.table_rows = table_rows  # rows of an interface's table indexed by position
+        self.cp_size = cp_size  # context-parallel ranks an interface's call is split across
         self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
 
@@ -121,6 +123,7 @@ class Caller:
                 table_rows=self.table_rows,
                 table_sign=table_sign,
                 inplace=self.inplace,
+                cp_size=self.cp_size,
             )
         if self.call == "x":
             return Form("x", **interface)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ropecheck.calling import api_call, modes
+from ropecheck.calling import api_call, context_parallel, modes
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong
 
@@ -222,7 +222,7 @@ def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     (x,)) in its call form (``ropecheck.calling.forms``)."""
     (x,) = args
     if form is not None and form.api:
-        return api_call.invoke(form, fn, x, positions)
+        return (context_parallel if form.cp_size > 1 else api_call).invoke(form, fn, x, positions)
     if form is None or form.call == "x":
         out = fn(x, positions)
         if isinstance(out, torch.Tensor) and out.device != x.device:

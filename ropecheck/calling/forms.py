@@ -51,7 +51,8 @@ class Form:
     how q and k are stored, for ``packed`` the sequence lengths (empty ones included).
     Through a library interface (``api``, a preset: ``ropecheck.calling.api_call`` makes
     the call), also the case's call variant and k's layout, the convention its table is
-    made from, the table's rows, and ``table_sign`` (-1: the table of -m)."""
+    made from, the table's rows, ``table_sign`` (-1: the table of -m) and the
+    context-parallel ranks it is split across."""
 
     call: str = "x"
     q_heads: Optional[int] = None  # qk: heads [0, q_heads) of x are q (None: all but the last)
@@ -64,6 +65,7 @@ class Form:
     table_rows: int = 0  # rows of a table indexed by position
     table_sign: int = 1  # -1: the table of -m
     inplace: bool = False  # the target declares writing into its input (an interface's inplace argument)
+    cp_size: int = 1  # context-parallel ranks the call is split across (ropecheck.calling.context_parallel)
 
     def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
         """(canonical y, the tensors the target returned) for fn called on x in this form."""

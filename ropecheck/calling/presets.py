@@ -424,7 +424,8 @@ PRESETS: dict[str, Preset] = {
             description="t (s, b, h, d) sbhd, or (total, h, d) thd with cu_seqlens (--call packed); freqs float32 "
             "angles per token, each frequency twice: (s, b, 1, r) sbhd (as its multimodal callers pass them), "
             "(total, 1, 1, r) thd (one row per packed token); config with rotary_interleaved = --layout "
-            "interleaved and apply_rope_fusion off; mscale the scaling's attention factor; cp_group one rank",
+            "interleaved and apply_rope_fusion off; mscale the scaling's attention factor; cp_group one rank "
+            "(--cp-size N: N ranks)",
         ),
     )
 }

@@ -81,6 +81,12 @@ OPTIONS: tuple[Option, ...] = (
         + "; ".join(f"{name} = {preset.signature()}" for name, preset in PRESETS.items())
         + ". --layout, --rotary-dim, --base and --scaling become its arguments and its table. See docs/presets.md.",
         TARGET, choices=tuple(PRESETS), families=("rope",), metavar="NAME"),
+    Option("cp_size",
+        "Context parallelism across N ranks, for an interface that takes it (--api te, megatron): each sequence "
+        "padded to a multiple of 2N and cut into 2N chunks, rank r holding chunks r and 2N-1-r; every rank is "
+        "called with its local tensor, its rank and the global tables, and every token must get its global "
+        "position (default 1: no split). See docs/presets.md.",
+        TARGET, at_least(1), families=("rope",), metavar="N"),
     Option("in_process",
         "Call the target in ropecheck's own process, not in a worker process (for a target "
         "that cannot be imported twice; a crash then ends ropecheck).",

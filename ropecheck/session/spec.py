@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ropecheck.calling import devices, quiet, sanitizer
+from ropecheck.calling import context_parallel, devices, quiet, sanitizer
 from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.interface import TENSOR_FORMS
@@ -117,6 +117,7 @@ def declare(target: Target, options: Options) -> Target:
             )
     else:
         call = options.call or (target.call if target.call in fam.calls else fam.calls[0])
+    _check_cp(options, preset)
     _check_call(fam, call)
     options.check_applies(fam.name, call)
     parameters = {**target.implies, **options.parameters()}
@@ -180,6 +181,7 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
         inplace=preset.inplace or options.inplace or (target.inplace and target.api == preset.name),
         k_optional=preset.k == "optional",
         row_offsets=preset.offsets and call == "x",
+        cp_size=options.get("cp_size") or 1,
         device=device,
         implies={**target.implies, **options.parameters()},
     )
@@ -217,6 +219,21 @@ def preset_refuses(preset, convention) -> str:
     return ""
 
 
+def _check_cp(options: Options, preset) -> None:
+    """--cp-size splits the calls of an interface that takes context-parallel ranks."""
+    if "cp_size" not in options.given or (preset is not None and context_parallel.takes_cp(preset)):
+        return
+    takers = ", ".join(name for name, p in PRESETS.items() if context_parallel.takes_cp(p))
+    why = (
+        f"--api {preset.name}'s signature {preset.signature()} has no cp_size, cp_rank or cp_group argument"
+        if preset is not None
+        else "the target is called with no --api"
+    )
+    raise UsageError(
+        f"--cp-size splits the calls of an interface that takes context-parallel ranks (--api {takers}): {why}"
+    )
+
+
 def _check_call(fam: Family, call: str) -> None:
     if call not in fam.calls:
         raise UnusableTarget(
@@ -239,6 +256,7 @@ def header(target: Target, options: Optional[Options] = None) -> str:
         if target.api:
             preset = PRESETS[target.api]
             call = f" --call {target.call}" if target.call != preset.calls[0] else ""
+            call += f" --cp-size {target.cp_size}" if target.cp_size > 1 else ""
             through = f"\nInterface: --api {target.api}{call}: {preset.signature()}"
         return f"Convention: {target.convention.flags()}{through}"
     run = [

@@ -55,6 +55,8 @@ class Target:
     mode: str = "eager"  # how the checks run it (--mode, ropecheck.calling.modes)
     # the library interface it is called through (--api: a preset of ropecheck.calling.presets)
     api: Optional[str] = None
+    # context-parallel ranks its interface's calls are split across (--cp-size)
+    cp_size: int = 1
     description: str = ""
     # the family parameters it implies (an N-D adapter's sections, layout, ...), as flags name them
     implies: dict = field(default_factory=dict, compare=False)
@@ -106,6 +108,7 @@ class Target:
             api=self.api or "",
             convention=self.convention,
             table_rows=rows,
+            cp_size=self.cp_size,
         )
 
     def with_(self, **changes) -> "Target":
