@@ -223,6 +223,26 @@ CHECKS["api-vllm-kv-correct-interleaved-partial"] = ["tests/serving_kernels.py:v
 CHECKS["api-vllm-key-row-stride-ignored"] = ["tests/serving_kernels.py:vllm_key_row_stride_ignored", "--api", "vllm",
                                              *HALF, *F32_BF16]
 
+# context parallelism (issue 26): the load-balanced split over --cp-size ranks
+# (tests/cp_kernels.py)
+_CP = "tests/cp_kernels.py"
+CHECKS.update({
+    "cp-te-correct-sbhd-bshd": [f"{_CP}:te_cp_correct", "--api", "te", *HALF, "--cp-size", "2", *F32_BF16],
+    "cp-te-correct-thd": [f"{_CP}:te_cp_correct", "--api", "te", "--call", "packed", *HALF, "--cp-size", "3",
+                          *F32_BF16],
+    "cp-te-second-chunk-as-first": [f"{_CP}:te_cp_second_chunk_as_first", "--api", "te", *HALF, "--cp-size", "2",
+                                    *F32_BF16],
+    "cp-te-thd-sequence0-offsets": [f"{_CP}:te_cp_thd_sequence0_offsets", "--api", "te", "--call", "packed",
+                                    *HALF, "--cp-size", "2", *F32_BF16],
+    "cp-te-ignored": [f"{_CP}:te_cp_ignored", "--api", "te", *HALF, "--cp-size", "2", *F32_BF16],
+    "cp-te-writes-input": [f"{_CP}:te_cp_writes_input", "--api", "te", *HALF, "--cp-size", "2", *F32_BF16],
+    "cp-megatron-correct-thd": [f"{_CP}:megatron_cp_correct", "--api", "megatron", "--call", "packed", *HALF,
+                                "--cp-size", "2", *F32_BF16],
+    "cp-megatron-sequence0-rows": [f"{_CP}:megatron_cp_sequence0_rows", "--api", "megatron", "--call", "packed",
+                                   *HALF, "--cp-size", "2", *F32_BF16],
+    "cp-megatron-core-packed": ["megatron-core-apply-rotary-pos-emb-packed", "--cp-size", "2", *F32_BF16],
+})
+
 # table builders (issue 25): the builder half of a pipeline, tests/table_builder_kernels.py and
 # every installed library's builder (their flags implied)
 TABLE = ["--family", "table-builder", "--rotary-dim", "64", "--layout", "half"]
