@@ -243,6 +243,18 @@ CHECKS.update({
     "cp-megatron-core-packed": ["megatron-core-apply-rotary-pos-emb-packed", "--cp-size", "2", *F32_BF16],
 })
 
+# fp8 outputs (issue 26): kernels in FlashInfer's rope_quantize_fp8 signature (tests/fp8_kernels.py)
+FP8 = ["--api", "flashinfer-rope-fp8", *HALF, *F32_BF16]
+for _name in ["fp8_correct", "fp8_rounds_to_input_dtype", "fp8_scale_twice", "fp8_q_scale_for_k", "fp8_nope_rotated",
+              "fp8_nope_unscaled", "fp8_no_saturation", "fp8_returns_input_dtype", "fp8_e4m3_always",
+              "fp8_rotates_in_place"]:
+    CHECKS[f"api-{_name.replace('_', '-')}"] = [f"tests/fp8_kernels.py:{_name}", *FP8, "--rotary-dim", "32"]
+CHECKS.update({
+    "api-fp8-correct-full": ["tests/fp8_kernels.py:fp8_correct", *FP8],
+    "api-fp8-correct-interleaved-yarn": ["tests/fp8_kernels.py:fp8_correct", *FP8, "--layout", "interleaved",
+                                         "--rotary-dim", "64", "--scaling", "yarn:factor=4"],
+})
+
 # table builders (issue 25): the builder half of a pipeline, tests/table_builder_kernels.py and
 # every installed library's builder (their flags implied)
 TABLE = ["--family", "table-builder", "--rotary-dim", "64", "--layout", "half"]

@@ -2,7 +2,8 @@
 table is ``properties.checks``): inverse (its own VJP undoes it), statelessness, batch
 independence, and the two that need a declared convention, reference agreement and
 backward (elementwise against the float64 reference); then the properties of table-fed
-library interfaces (``properties.interface_checks``).
+library interfaces (``properties.interface_checks``) and of those that quantize their
+outputs to fp8 (``properties.quantized_checks``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ropecheck.properties.one_d import (
     vjp_of,
     where_pairs,
 )
+from ropecheck.properties.quantized_checks import QUANTIZED_CHECKS
 from ropecheck.properties.strategies import (
     cases,
     example_grad_layout,
@@ -212,6 +214,6 @@ def backward(ctx: Context, case: Case, grad_layout: str) -> float:
     return max(adjoint, exact)
 
 
-# the properties of table-fed library interfaces, in the same table
-for _name, (_fields, _check) in TABLE_CHECKS.items():
+# the properties of table-fed library interfaces (and of those that quantize), in the same table
+for _name, (_fields, _check) in {**TABLE_CHECKS, **QUANTIZED_CHECKS}.items():
     register(name=_name, **_fields)(_check)

@@ -11,7 +11,8 @@ harness that runs them (``ropecheck.targets`` and ``ropecheck.calling`` implemen
 - :class:`Interface` and :class:`Table`: what the checks read of a library interface a
   target is called through (``--api``): the table it is fed instead of computing its
   angles (its kind and dtype: the error model), the memory layouts and call variants its
-  tensors come in, and the names its arguments have (a failure names the one at fault).
+  tensors come in, the fp8 formats it quantizes its outputs to, and the names its
+  arguments have (a failure names the one at fault).
 - :class:`CallError` and :class:`TargetHung`: the two ways a call can end other than with
   a result; both are findings about the target.
 """
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 import numpy as np
+
+from ropecheck.properties.quantization import format_name
 
 CALL_FORMS = {
     "x": "rope(x, positions) -> y",
@@ -84,7 +87,10 @@ class Interface:
     angles), the memory layouts its tensors are drawn in (() the layouts models produce),
     its call variants (tensor formats, position dtypes: each input takes one), whether q
     and k come in layouts of their own (separate tensors with their own strides), whether
-    it takes the batch flattened into tokens, and what it names its arguments."""
+    it takes the batch flattened into tokens, the fp8 formats it quantizes its outputs to
+    (``quantized``: its call variants are named by them, each input takes one; the checks
+    read the dequantized outputs, ``properties.quantization``), and what it names its
+    arguments."""
 
     name: str
     table: Optional[Table] = None
@@ -92,7 +98,15 @@ class Interface:
     variants: tuple = ()
     own_k_layout: bool = False
     tokens: bool = False
+    quantized: tuple = ()
     words: dict = field(default_factory=dict, compare=False)
+
+    def output_format(self, variant: str = "") -> str:
+        """The fp8 format a call in ``variant`` ("" the first) quantizes to ("" none)."""
+        if not self.quantized:
+            return ""
+        name = format_name(variant)
+        return name if name in self.quantized else self.quantized[0]
 
     def word(self, role: str, default: str = "") -> str:
         """The interface's name for an argument role: positions, query, key, table, ..."""

@@ -86,7 +86,7 @@ def _odd_head_agrees(ctx: Context, case: Case) -> float:
     tail = assert_close(
         whole[..., r:],
         x64[..., r:],
-        ctx.model.floor + np.abs(x64[..., r:]) * ctx.model.output_unit,
+        ctx.model.element_floor(x64) + np.abs(x64[..., r:]) * ctx.model.output_unit,
         positions=p,
         what=f"the features past --rotary-dim {r} (must pass through)",
     )
@@ -323,10 +323,12 @@ def _position_steps(ctx: Context, head_dim: int, positions: np.ndarray) -> tuple
 def _element_noise(ctx: Context, x64: np.ndarray, p: np.ndarray) -> np.ndarray:
     """The error the model allows each element of f(u, m), u = (1, .., 1): under a declared
     convention its element bound; spec-free rho (K_OPS u + 6 u32 |m|) + floor with
-    rho = sqrt(2), the magnitude of every pair of u whatever the pairing."""
+    rho = sqrt(2), the magnitude of every pair of u whatever the pairing (and a quantized
+    output's floor)."""
     if ctx.convention is not None:
         return ctx.model.element_bound(x64, p, ctx.convention)
-    return np.broadcast_to(ctx.model.pair_bound(math.sqrt(2.0), ctx.model.angle_error(p))[..., None, None], x64.shape)
+    pair = ctx.model.pair_bound(math.sqrt(2.0), ctx.model.angle_error(p))[..., None, None]
+    return np.broadcast_to(pair, x64.shape) + ctx.model.quantization_floor(x64)
 
 
 @register(

@@ -25,25 +25,37 @@ from ropecheck.properties.tolerance import ErrorModel
 class FamilyContext:
     """What a check works with, in every family: the target (``interface.Subject``) and the
     callable that calls it under the contract (``rope``: its call form, time limit and
-    contract, from ``target.caller``) and the dtype's error model. A family's context adds
-    its own helpers (the 1-D convention, the N-D per-axis bound)."""
+    contract, from ``target.caller``) and the dtype's error model (``model``). A family's
+    context adds its own helpers (the 1-D convention, the N-D per-axis bound)."""
 
     target: Subject
     dtype: str
     timeout: Optional[float] = 20.0
     sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.sizes)
     rope: Any = field(init=False)
-    model: ErrorModel = field(init=False)
+    models: dict = field(init=False, default_factory=dict)  # fp8 format ("" none) -> its ErrorModel
 
     def __post_init__(self):
         self.rope = self.target.caller(self.timeout)
-        table = getattr(getattr(self.target, "interface", None), "table", None)
-        self.model = ErrorModel(
-            self.dtype,
-            extra_ops=self.extra_ops(),
-            table_kind=table.kind if table is not None else "",
-            table_dtype=table.dtype_for(self.dtype) if table is not None else "",
-        )
+
+    @property
+    def model(self) -> ErrorModel:
+        """The error model of the input being checked: the dtype's, with the table an
+        interface is fed and the fp8 format it quantizes this input's outputs to (its call
+        variant's: ``interface.Interface.output_format``)."""
+        interface = getattr(self.target, "interface", None)
+        variant = getattr(getattr(self.rope, "case", None), "api_variant", "") or ""
+        quantized = interface.output_format(variant) if interface is not None else ""
+        if quantized not in self.models:
+            table = getattr(interface, "table", None)
+            self.models[quantized] = ErrorModel(
+                self.dtype,
+                extra_ops=self.extra_ops(),
+                table_kind=table.kind if table is not None else "",
+                table_dtype=table.dtype_for(self.dtype) if table is not None else "",
+                quantized=quantized,
+            )
+        return self.models[quantized]
 
     def extra_ops(self) -> int:
         """Operations of the compute dtype the family's outputs take beyond a rotation."""
@@ -179,6 +191,8 @@ class Property:
     sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
     # needs a table-fed library interface (--api with a table: ropecheck makes the table)
     needs_table: bool = False
+    # needs an interface that quantizes its outputs (Interface.quantized; with needs_table)
+    needs_quantized: bool = False
 
     def context(self, target: Subject, dtype: str, timeout: Optional[float], sizes: Sizes = TOY):
         return self.family.context(target, dtype, timeout, sizes)
@@ -200,6 +214,8 @@ class Property:
         if self.needs_backward and not target.backward:
             return False, "target declares no backward"
         if not self.offered_to(target):
+            if self.needs_quantized:
+                return False, "needs a library interface that quantizes its outputs to fp8 (--api)"
             return False, "needs a table-fed library interface (--api with a table)"
         return self.family.applies(self, target)
 
@@ -207,8 +223,12 @@ class Property:
         """Whether a run lists this property for ``target`` at all: a table-fed library
         interface's property (``needs_table``) is not listed, as a skipped row in every
         table, for a target called without such an interface (asked for by name, it is
-        listed and skipped with the reason)."""
-        return not self.needs_table or getattr(getattr(target, "interface", None), "table", None) is not None
+        listed and skipped with the reason); likewise a quantizing interface's property
+        (``needs_quantized``) for a target called through one that does not quantize."""
+        interface = getattr(target, "interface", None)
+        if self.needs_quantized and not getattr(interface, "quantized", ()):
+            return False
+        return not self.needs_table or getattr(interface, "table", None) is not None
 
 
 def family_registry(family: Family) -> tuple[dict, Callable]:

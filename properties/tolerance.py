@@ -43,10 +43,23 @@ by two independent effects:
      in 1. (K_OPS): the angle term 2. becomes u_T |m| theta_i, a sixth (or less) of the
      float32 allowance.
 
+4. Outputs quantized to fp8 with a per-tensor scale s (``properties.quantization``; the
+   checks read out / s in the input's dtype): after the rotation above, the product with
+   s rounds once in the compute dtype (u), the fp8 conversion once (u8 = 2^-4 for e4m3,
+   2^-3 for e5m2, relative, where the value is a normal fp8 number), and the division by
+   s once more in the input's dtype (u): u8 + 2u per unit of rho is added to the
+   arithmetic. Where the scaled value underflows into fp8's subnormals the error is half
+   their spacing over s; ropecheck picks s so that this is at most u8 times the root mean
+   square of the head vector (``quantization_floor``), and over a whole
+   head vector of norm n it adds at most u8 n (sqrt(d) elements of u8 n / sqrt(d)).
+   Saturation is no error: no drawn input reaches the format's maximum (the
+   ``fp8-saturation`` property checks the values past it).
+
 The full bound per element is rho * (K_OPS u + dphi_i) + K_OPS * subnormal_spacing (the
-absolute floor for results that underflow). Errors are reported normalised by this bound:
-a value <= 1 passes. The *strict* bound drops the angle term; the accuracy horizon is the
-largest position at which a target still meets it.
+absolute floor for results that underflow), plus a quantized output's terms. Errors are
+reported normalised by this bound: a value <= 1 passes. The *strict* bound drops the
+angle term; the accuracy horizon is the largest position at which a target still meets
+it.
 
 Buggy kernels land far outside: angles or positions in bf16/fp16 err by ~2^-9 |m theta|
 or more (2^15 times the float32 allowance); cos/sin stored in fp16 for fp32 input err by
@@ -62,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
+from ropecheck.properties.quantization import FORMATS
 
 U32 = UNIT_ROUNDOFF["float32"]
 K_OPS = 6.0
@@ -79,11 +93,14 @@ class ErrorModel:
     # a table-fed interface: its table's kind (TABLE_KINDS; "" for none) and dtype
     table_kind: str = ""
     table_dtype: str = ""
+    quantized: str = ""  # the fp8 format its outputs are quantized to ("" none)
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical(self.dtype))
         if self.table_kind and self.table_kind not in TABLE_KINDS:
             raise ValueError(f"unknown table kind {self.table_kind!r}; known: {', '.join(TABLE_KINDS)}")
+        if self.quantized and self.quantized not in FORMATS:
+            raise ValueError(f"unknown fp8 format {self.quantized!r}; known: {', '.join(FORMATS)}")
         if self.table_kind:
             object.__setattr__(self, "table_dtype", canonical(self.table_dtype or self.dtype))
 
@@ -107,13 +124,40 @@ class ErrorModel:
         return max(UNIT_ROUNDOFF[self.dtype], U32)
 
     @property
+    def quantization_unit(self) -> float:
+        """Relative error a quantized output adds to each element: the product with the
+        scale, the fp8 rounding, the dequantization (0: not quantized)."""
+        return FORMATS[self.quantized].unit + 2.0 * self.unit if self.quantized else 0.0
+
+    @property
+    def quantization_floor_unit(self) -> float:
+        """The quantization floor per unit of a head vector's root mean square (per
+        element) or norm (per head vector): u8 (0: not quantized)."""
+        return FORMATS[self.quantized].unit if self.quantized else 0.0
+
+    @property
     def output_unit(self) -> float:
-        return UNIT_ROUNDOFF[self.dtype]
+        """Relative error of a feature that passes through: one rounding to the output
+        dtype, or a quantized output's product, fp8 rounding and dequantization."""
+        return self.quantization_unit or UNIT_ROUNDOFF[self.dtype]
 
     @property
     def floor(self) -> float:
         """Absolute error allowed for results that underflow into subnormals."""
         return self.ops * SUBNORMAL_SPACING[self.dtype]
+
+    def quantization_floor(self, x64) -> np.ndarray:
+        """A quantized output's floor per element of head vectors x64 (..., head_dim): u8
+        times each head vector's root mean square, shape (..., 1) (0: not quantized)."""
+        if not self.quantized:
+            return np.zeros(np.shape(x64)[:-1] + (1,))
+        rms = np.sqrt(np.mean(np.square(np.asarray(x64, dtype=np.float64)), axis=-1, keepdims=True))
+        return self.quantization_floor_unit * rms
+
+    def element_floor(self, x64) -> np.ndarray:
+        """The absolute error allowed per element of head vectors x64 whatever their
+        values: ``floor`` plus the quantization floor."""
+        return self.floor + self.quantization_floor(x64)
 
     # --- angle error of a float32 angle computation -------------------------------
     @staticmethod
@@ -167,8 +211,8 @@ class ErrorModel:
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):
         """Allowed error per unit of rho: K_OPS u (TABLE_OPS u + u_T fed cos/sin) (+ dphi
-        unless strict)."""
-        ops = self.ops * self.unit + self.values_unit
+        unless strict), plus a quantized output's u8 + 2u."""
+        ops = self.ops * self.unit + self.values_unit + self.quantization_unit
         return ops + (0.0 if strict else angle_error)
 
     def pair_bound(self, pair_norms, angle_error, strict: bool = False) -> np.ndarray:
@@ -178,8 +222,10 @@ class ErrorModel:
     def vector_unit_bound(self, positions) -> np.ndarray:
         """Allowed error of a whole head vector per unit of its norm, shape
         (*positions.shape, 1), without knowing the pairing: each pair's error vector is at
-        most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi)."""
-        return math.sqrt(2.0) * self.relative_bound(self.allowed_angle_error(positions))[..., None]
+        most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi) (plus a
+        quantized output's floor, u8)."""
+        relative = self.relative_bound(self.allowed_angle_error(positions))[..., None]
+        return math.sqrt(2.0) * relative + self.quantization_floor_unit
 
     def vector_bound(self, vector_norms, positions) -> np.ndarray:
         """Allowed Euclidean norm of the error of head vectors (batch, seq, heads)."""
@@ -187,8 +233,10 @@ class ErrorModel:
 
     def norm_bound(self, vector_norms) -> np.ndarray:
         """Allowed change of a head vector's norm: rotations by a wrong angle keep norms,
-        so only the arithmetic term counts (and a cos/sin table's rounding)."""
-        return math.sqrt(2.0) * vector_norms * (self.ops * self.unit + self.values_unit) + self.floor
+        so only the arithmetic term counts (and a cos/sin table's rounding, and a quantized
+        output's terms)."""
+        arithmetic = math.sqrt(2.0) * self.relative_bound(0.0, strict=True) + self.quantization_floor_unit
+        return vector_norms * arithmetic + self.floor
 
     def element_bound(self, x64, positions, convention, strict: bool = False, seq_len=None) -> np.ndarray:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
@@ -206,7 +254,7 @@ class ErrorModel:
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair
         bound[..., j] = pair
-        return bound
+        return bound + self.quantization_floor(x64)
 
     def rotation_bound(self, conv, x64: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """``element_bound`` for an N-D rotation (``reference.nd.PairRotation``): pair p,

@@ -15,7 +15,9 @@ The steps, for every preset alike:
 4. the parameters are passed as the library's callers pass them: those without a default
    positionally, those with one by keyword when the value is not the default;
 5. the results (the tensors it was given, for an interface that writes in place) come
-   back in the canonical layout; a table the kernel wrote into is a finding.
+   back in the canonical layout; a table the kernel wrote into is a finding. An interface
+   that quantizes its outputs to fp8 is called by ``quantized`` (q and k split at the
+   rotary dimension, the scales, the dequantized results).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from ropecheck.calling import tables
+from ropecheck.calling import quantized, tables
 from ropecheck.calling.devices import Placement
 from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, _kind, _own_storage, cu_seqlens
 from ropecheck.calling.kv_cache import KVCacheCall
@@ -290,6 +292,8 @@ class _Call:
 
     def _run_qk(self, fn):
         hq, q, k = self._qk()
+        if self.preset.returns == "quantized":
+            return quantized.run(self, fn, hq, q, k)
         q_api, k_api = self.to_api(q), self.to_api(k)
         tensors = {"query": q_api, "key": k_api}
         if self.preset.cache:

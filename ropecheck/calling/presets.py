@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from ropecheck.properties.cases import INTERFACE_LAYOUTS
 from ropecheck.properties.interface import Interface, Table
+from ropecheck.properties.quantization import FORMATS
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
 # the roles whose value is always the parameter's default: never passed, so a kernel need
@@ -39,6 +40,7 @@ TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by positi
 # the realistic layouts of a serving engine's (tokens, heads, head_dim) tensors: bshd
 # storage (the batch flattens into tokens as a view), fused qkv slices, padded heads, MLA
 TOKEN_LAYOUTS = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-64", *INTERFACE_LAYOUTS)
+FP8_FORMATS = tuple(FORMATS)  # the formats a quantizing preset's outputs are drawn in
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class Param:
 @dataclass(frozen=True)
 class Preset:
     """A library's RoPE interface. ``returns``: "inplace" (results written into the
-    query/key tensors it was given; it returns None), "qk" ((q_out, k_out)) or "x" (y);
+    query/key tensors it was given; it returns None), "qk" ((q_out, k_out)), "x" (y) or
+    "quantized" ((q_rope_out, k_rope_out, q_nope_out, k_nope_out) in fp8: q and k split
+    at the rotary dimension, ``ropecheck.calling.quantized``);
     ``calls``: the canonical call forms it serves, the first the default; ``tensors``: how
     its tensors are laid out (``api_call.FORMATS``); ``k``: "required" or "optional" (None
     allowed) for a (q, k) interface; ``offsets``: positions reach it as each row's (or
@@ -118,7 +122,12 @@ class Preset:
         }
 
     def signature(self) -> str:
-        out = {"inplace": " (in place)", "qk": " -> (q_out, k_out)", "x": " -> y"}[self.returns]
+        out = {
+            "inplace": " (in place)",
+            "qk": " -> (q_out, k_out)",
+            "x": " -> y",
+            "quantized": " -> (q_rope_out, k_rope_out, q_nope_out, k_nope_out)",
+        }[self.returns]
         shown, star = [], False
         for p in self.params:
             if p.keyword and not star:
@@ -286,6 +295,41 @@ PRESETS: dict[str, Preset] = {
             description="q (T, Hq, D), k, v (T, Hk, D), strided views included; k_cache, v_cache (slots, Hk, D) in "
             "k's dtype; cos_sin_cache (P, rotary_dim) float32; positions int64 (T,); out_loc int64 (T,) the slot per "
             "token, -1 for a token not cached; is_neox keyword-only; q and k rotated in place",
+        ),
+        Preset(
+            "flashinfer-rope-fp8",
+            "FlashInfer's rope_quantize_fp8 (RoPE, then fp8 quantization with per-tensor scales)",
+            (
+                Param("q_rope", "q_rope"),
+                Param("k_rope", "k_rope"),
+                Param("q_nope", "q_nope"),
+                Param("k_nope", "k_nope"),
+                Param("cos_sin_cache", "cache"),
+                Param("pos_ids", "positions"),
+                Param("is_neox", "layout", True),
+                Param("quantize_dtype", "quantize_dtype", None),
+                Param("quant_scale_q", "quant_scale_q", 1.0),
+                Param("quant_scale_kv", "quant_scale_kv", 1.0),
+            ),
+            "quantized",
+            ("qk",),
+            "tokens-heads",
+            Interface(
+                "flashinfer-rope-fp8",
+                Table("cos-sin", "cos_sin_cache", dtype="float32"),
+                TOKEN_LAYOUTS,
+                FP8_FORMATS,
+                own_k_layout=True,
+                tokens=True,
+                quantized=FP8_FORMATS,
+                words=_words(positions="pos_ids", query="q_rope", key="k_rope", layout="is_neox"),
+            ),
+            max_position=TABLE_POSITIONS,
+            description="q_rope (nnz, Hq, rotary_dim), k_rope (nnz, Hk, rotary_dim), q_nope and k_nope the "
+            "features past rotary_dim (nnz, H, D - rotary_dim), strided views of q and k; cos_sin_cache float32 "
+            "(P, rotary_dim), rows cat(cos, sin); quantize_dtype float8_e4m3fn or float8_e5m2 (each input draws "
+            "one), quant_scale_q and quant_scale_kv per-tensor scales (never 1); returns the four fp8 tensors "
+            "saturate(v * scale)",
         ),
         Preset(
             "flashinfer-pos-ids",
