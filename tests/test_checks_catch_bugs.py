@@ -10,6 +10,7 @@ from ropecheck.properties.dtypes import DTYPES
 from ropecheck.targets import triton_builtins as triton_target
 from ropecheck.session.prepare import warm_up
 from tests.mutants import MUTANTS, mutant_target
+from tests.test_fp8_rope import BROKEN as FP8_BROKEN
 from tests.test_presets import BROKEN as PRESET_BROKEN
 
 
@@ -40,6 +41,7 @@ def test_every_check_catches_some_mutant():
     caught = {prop for _, props in MUTANTS.values() for prop in props}
     # a library interface's own properties catch the broken kernels of tests/test_presets.py
     caught |= {prop for *_, prop, _ in PRESET_BROKEN}
+    caught |= {prop for _, _, prop, _ in FP8_BROKEN}  # and the fp8 interface's, tests/test_fp8_rope.py
     assert caught == set(PROPERTIES)
 
 

@@ -447,7 +447,7 @@ def test_junit_report_of_a_passing_target(tmp_path):
 # --- check --help and --call -------------------------------------------------------------
 
 HELP_GROUPS = {
-    "Target": ("TARGET", "--call", "--api", "--in-process", "--max-position", "--device", "--no-backward", "--inplace"),
+    "Target": ("TARGET", "--call", "--api", "--cp-size", "--in-process", "--max-position", "--device", "--no-backward", "--inplace"),
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
                "--scale-base", "--gamma"),
