@@ -8,8 +8,9 @@ import sys
 
 
 def main() -> None:
-    from ropecheck.calling import spawn
+    from ropecheck.calling import memory, spawn
 
+    memory.keep_freed_memory()
     spawn.prestart(sys.argv[1:], preload=("ropecheck.session.loading",))
     from ropecheck.cli import entry
 

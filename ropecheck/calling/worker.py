@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.calling import modes, quiet, sanitizer_reports, spawn
+from ropecheck.calling import memory, modes, quiet, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
@@ -101,6 +101,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is ropecheck's to handle
     faulthandler.enable(open(crash_log, "w"))
+    memory.keep_freed_memory()
     # One core stays ropecheck's: a thread of the worker's spinning there (OpenMP's
     # threads spin after a parallel region) slows down ropecheck's reference and next
     # draw; on two cores that was the larger part of the worker's cost per call.

@@ -1,0 +1,39 @@
+"""The processes ropecheck owns keep freed memory for the next call (``calling.memory``):
+once the heap has settled, a large tensor allocated again after it was freed costs no new
+page faults, where glibc's default (a fresh mmap per large allocation) faults in every page
+each time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROBE = textwrap.dedent("""
+    import resource, sys
+    from ropecheck.calling import memory
+    if sys.argv[1] == "keep":
+        assert memory.keep_freed_memory()
+    import torch
+    faults = []
+    for _ in range(12):  # 256 MiB each time, freed at once: as the calls of a large input
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        torch.ones(2**25, dtype=torch.float64).sum()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(*faults)
+""")
+PAGES = 2**28 // 4096
+
+
+def page_faults(mode: str) -> list:
+    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [int(n) for n in done.stdout.split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_freed_large_tensor_is_reused_without_page_faults():
+    assert min(page_faults("default")[-3:]) > PAGES // 2  # every page faulted in again, every time
+    assert max(page_faults("keep")[-3:]) < PAGES // 10  # the heap's freed memory, reused
