@@ -86,7 +86,7 @@ def _odd_head_agrees(ctx: Context, case: Case) -> float:
     tail = assert_close(
         whole[..., r:],
         x64[..., r:],
-        ctx.model.element_floor(x64) + np.abs(x64[..., r:]) * ctx.model.output_unit,
+        ctx.model.pass_through_bound(x64)[..., r:],
         positions=p,
         what=f"the features past --rotary-dim {r} (must pass through)",
     )

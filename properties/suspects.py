@@ -73,7 +73,7 @@ def rotation(probe: Probe, convention=None, positions=None, start=0, inverse=Fal
     convention = convention or probe.convention
     m = probe.positions if positions is None else positions
     x, model = probe.x64, probe.ctx.model
-    y, bound = x.copy(), np.abs(x) * model.output_unit + model.element_floor(x)
+    y, bound = x.copy(), model.pass_through_bound(x)
     y[..., start:] = convention.apply(x[..., start:], m, inverse=inverse)
     bound[..., start:] = model.element_bound(x[..., start:], m, convention)
     # the target's output was divided by the declared amplitude, not this convention's

@@ -159,6 +159,12 @@ class ErrorModel:
         values: ``floor`` plus the quantization floor."""
         return self.floor + self.quantization_floor(x64)
 
+    def pass_through_bound(self, x64) -> np.ndarray:
+        """Allowed |y - x| per element of head vectors x64 (..., head_dim) for features
+        that pass through unrotated: one output rounding (or quantization) and the floor."""
+        x64 = np.asarray(x64, dtype=np.float64)
+        return np.abs(x64) * self.output_unit + self.element_floor(x64)
+
     # --- angle error of a float32 angle computation -------------------------------
     @staticmethod
     def angle_error(positions, theta=None, e_ln_base=None, theta_ops: int = 0, gain=1.0) -> np.ndarray:
