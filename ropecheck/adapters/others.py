@@ -9,7 +9,7 @@ positions can be checked."""
 from __future__ import annotations
 
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
-from ropecheck.calling.api_call import OneRankGroup
+from ropecheck.calling.api_call import RankGroup
 from ropecheck.properties.convention import Convention
 from ropecheck.reference.scaling import Llama3
 
@@ -214,12 +214,12 @@ def _megatron(interleaved: bool, packed: bool = False):
 
         def rope(x, positions):
             freqs = emb(positions, x.shape[-1]).transpose(0, 1)[:, :, None, :]  # (s, b, 1, d)
-            out = rope_utils.apply_rotary_pos_emb(x.transpose(0, 1), freqs, config, cp_group=OneRankGroup())
+            out = rope_utils.apply_rotary_pos_emb(x.transpose(0, 1), freqs, config, cp_group=RankGroup())
             return out.transpose(0, 1)
 
         def rope_packed(x, cu_seqlens, positions):
             freqs = emb(positions, x.shape[-1])[:, None, None, :]  # (total, 1, 1, d)
-            return rope_utils.apply_rotary_pos_emb(x, freqs, config, cu_seqlens=cu_seqlens, cp_group=OneRankGroup())
+            return rope_utils.apply_rotary_pos_emb(x, freqs, config, cu_seqlens=cu_seqlens, cp_group=RankGroup())
 
         return rope_packed if packed else rope
 

@@ -186,8 +186,7 @@ class _Call:
             self.table.width,
             self.form.table_sign,
         )
-        self.made += [(cos, cos.clone()), (sin, sin.clone())]
-        return cos, sin
+        return self.made_for_this_call(cos), self.made_for_this_call(sin)
 
     def token_angles(self) -> torch.Tensor:
         """float32 angles per token, each frequency twice: (s, b, 1, r) for an sbhd call,
@@ -199,8 +198,12 @@ class _Call:
             angles = angles.reshape(-1, 1, 1, angles.shape[-1])
         else:
             angles = angles.transpose(0, 1)[:, :, None, :]
-        self.made.append((angles, angles.clone()))
-        return angles
+        return self.made_for_this_call(angles)
+
+    def made_for_this_call(self, table: torch.Tensor) -> torch.Tensor:
+        """``table``, kept with a pristine copy (a kernel that writes into it is a finding)."""
+        self.made.append((table, table.clone()))
+        return table
 
     def cos_sin(self):
         if not hasattr(self, "_cos_sin"):
@@ -242,7 +245,7 @@ class _Call:
         if role == "mscale":
             return conv.amplitude
         if role == "cp_group":
-            return OneRankGroup()
+            return RankGroup()
         if role == "layout":
             return preset.layouts[conv.layout]
         if role == "rotary_dim":
@@ -301,7 +304,7 @@ class _Call:
                 raise ValueError(f"--api {self.preset.name} takes a query and a key in every call")
             padded = "padded" in self.variant().split()
             names = {p.role: p.name for p in self.preset.params}
-            self.kv = KVCacheCall(self.preset.cache, q_api, k_api, self.token_positions(), self.head_dim, padded, names)
+            self.kv = KVCacheCall(self.preset.cache, q_api, k_api, self.token_positions(), padded, names, self._keep)
             tensors = self.kv.arguments()
         args, kwargs = self.arguments(tensors)
         out = fn(*args, **kwargs)
@@ -325,8 +328,6 @@ class _Call:
     def _after(self) -> None:
         """What the kernel wrote into the tensors it got instead of views of x goes back
         into x; a table it wrote into, or a KV cache written wrong, is a finding."""
-        if self.kv is not None:
-            self.kv.write_back()
         if not self.x.requires_grad:
             with torch.no_grad():
                 for canonical, given in reversed(self.copies):  # a copy of a copy first
@@ -347,15 +348,22 @@ class RopeConfig:
     mrope_section: Optional[list] = None
 
 
-class OneRankGroup:
-    """A context-parallel group of one rank: what an interface asks of a process group
-    (``size()``, ``rank()``) without torch.distributed."""
+class RankGroup:
+    """A context-parallel group as an interface asks of a process group (``size()``,
+    ``rank()``) without torch.distributed: ``size`` ranks, this one ``rank`` (one rank of
+    one by default; ``context_parallel`` makes the ranks of --cp-size)."""
+
+    def __init__(self, size: int = 1, rank: int = 0):
+        self._size, self._rank = size, rank
 
     def size(self) -> int:
-        return 1
+        return self._size
 
     def rank(self) -> int:
-        return 0
+        return self._rank
+
+    def __repr__(self) -> str:
+        return f"RankGroup(size={self._size}, rank={self._rank})"
 
 
 def _same(value, default) -> bool:

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from ropecheck.calling import tables
-from ropecheck.calling.api_call import _Call
-from ropecheck.calling.forms import ReturnedWrong, _fits, _kind
+from ropecheck.calling.api_call import RankGroup, _Call
+from ropecheck.calling.forms import ReturnedWrong, _fits, _kind, cu_seqlens
 from ropecheck.properties.context_parallel import Split
 
 ROLES = ("cp_size", "cp_rank", "cp_group")  # the arguments an interface takes context parallelism by
@@ -43,23 +43,6 @@ ROLES = ("cp_size", "cp_rank", "cp_group")  # the arguments an interface takes c
 def takes_cp(preset) -> bool:
     """Whether ``preset``'s interface takes context-parallel ranks."""
     return any(p.role in ROLES for p in preset.params)
-
-
-class RankGroup:
-    """A context-parallel group as an interface asks of a process group (``size()``,
-    ``rank()``) without torch.distributed: ``size`` ranks, this one ``rank``."""
-
-    def __init__(self, size: int, rank: int):
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def __repr__(self) -> str:
-        return f"RankGroup(size={self._size}, rank={self._rank})"
 
 
 class _Sequences:
@@ -152,10 +135,10 @@ class _ContextParallelCall(_Call):
         """One call on every rank: the gathered output of ``batch``'s own tokens, in order
         (what each rank returned appended to ``returned``)."""
         split = batch.split
-        shared = {"cu_seqlens": self._cu_seqlens(split)}
+        shared = {"cu_seqlens": cu_seqlens(split.padded).to(self.x.device) if self.packed else None}
         angles = self._angles(batch.positions if offset is None else offset + np.arange(max(split.padded)))
         if offset is not None or self.packed:  # one table for every rank: (rows, 1, 1, r)
-            shared["freqs"] = self._made(angles[:, None, None, :])
+            shared["freqs"] = self.made_for_this_call(angles[:, None, None, :])
         outs = []
         for rank in range(self.cp):
             self.rank = rank
@@ -165,7 +148,7 @@ class _ContextParallelCall(_Call):
             tensors = {"x": given, **shared}
             if "freqs" not in shared:  # sbhd angles per token: the rank's own rows, (s, b, 1, r)
                 mine = angles[batch.index(local)].reshape(batch.rows, -1, angles.shape[-1])
-                tensors["freqs"] = self._made(mine.transpose(0, 1)[:, :, None, :])
+                tensors["freqs"] = self.made_for_this_call(mine.transpose(0, 1)[:, :, None, :])
             args, kwargs = self.arguments(tensors)
             out = fn(*args, **kwargs)
             if not isinstance(out, torch.Tensor):
@@ -206,12 +189,6 @@ class _ContextParallelCall(_Call):
             self.x[rows, cols] = tokens[torch.from_numpy(own).to(tokens.device)]
 
     # --- the tables ---------------------------------------------------------------------
-    def _cu_seqlens(self, split: Split) -> Optional[torch.Tensor]:
-        if not self.packed:
-            return None
-        padded = np.concatenate(([0], np.cumsum(split.padded)))
-        return torch.tensor(padded, dtype=torch.int32, device=self.x.device)
-
     def _angles(self, positions: np.ndarray) -> torch.Tensor:
         """The angles per token (tokens, r) of the table's dtype and width; a dynamic
         scaling sees the largest position of ``positions`` (padding repeats a sequence's last)."""
@@ -219,11 +196,6 @@ class _ContextParallelCall(_Call):
         return tables.angles_by_token(
             self.convention, p, self.rotary_dim, self.table_dtype(), self.table.width, self.form.table_sign
         )
-
-    def _made(self, table: torch.Tensor) -> torch.Tensor:
-        """``table``, kept with a pristine copy (a kernel that writes into it is a finding)."""
-        self.made.append((table, table.clone()))
-        return table
 
 
 def _order(split: Split) -> np.ndarray:

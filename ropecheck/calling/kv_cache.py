@@ -24,7 +24,7 @@ nothing); v is left as it was. The padding tokens' own q and k may be rotated or
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -47,7 +47,9 @@ def _ulps(t: torch.Tensor) -> float:
 
 class KVCacheCall:
     """The cache arguments of one call, made around the token tensors ``query`` and
-    ``key`` ((T, H*D) or (T, H, D) views), and the check of what the kernel wrote."""
+    ``key`` ((T, H, D) views), and the check of what the kernel wrote. ``keep(view,
+    given)``: the caller's record of a tensor the kernel gets instead of its view, written
+    back after the call (``api_call._Call._keep``)."""
 
     def __init__(
         self,
@@ -55,16 +57,15 @@ class KVCacheCall:
         query: torch.Tensor,
         key: torch.Tensor,
         positions: torch.Tensor,
-        head_size: int,
         padded: bool,
         names: dict,
+        keep: Callable,
     ):
-        self.layout, self.head_size, self.names = layout, head_size, names
+        self.layout, self.names = layout, names
         self.before, self.after = PADDING if padded else (0, 0)
         self.tokens = positions.numel()
-        self.kept: list = []  # (the caller's view, ropecheck's padded rows): written back after
-        self.query, self.key = self._padded(query), self._padded(key)
-        n, heads = self.before + self.tokens + self.after, self._heads(self.key).shape[1]
+        self.query, self.key = self._padded(query, keep), self._padded(key, keep)
+        n, heads, head_size = self.before + self.tokens + self.after, *self.key.shape[1:]
         rng = _rng(n, heads, head_size, self.before)
         self.key_in = self.key.clone()
         values = rng.standard_normal(self.key.shape).astype(np.float32)
@@ -84,20 +85,15 @@ class KVCacheCall:
         pad[self.before : self.before + self.tokens] = positions.reshape(-1)
         self.positions = pad
 
-    def _padded(self, t: torch.Tensor) -> torch.Tensor:
+    def _padded(self, t: torch.Tensor, keep: Callable) -> torch.Tensor:
         """t, or t's tokens between padding rows in a tensor of ropecheck's."""
         if not (self.before or self.after):
             return t
         rows = (self.before + t.shape[0] + self.after, *t.shape[1:])
         rng = _rng(*rows)
         out = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)).to(dtype=t.dtype, device=t.device)
-        inner = out[self.before : self.before + t.shape[0]]
-        inner.copy_(t)
-        self.kept.append((t, inner))
+        keep(t, out[self.before : self.before + t.shape[0]]).copy_(t)
         return out
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.dim() == 3 else t.unflatten(-1, (-1, self.head_size))
 
     def arguments(self) -> dict:
         """The values of the cache roles (and the positions, padding included)."""
@@ -114,12 +110,6 @@ class KVCacheCall:
             "k_scale": scale,
             "v_scale": scale.clone(),
         }
-
-    def write_back(self) -> None:
-        """The case's tokens of the padded q and k back into the caller's views."""
-        with torch.no_grad():
-            for given, inner in self.kept:
-                given.copy_(inner)
 
     # --- the check -------------------------------------------------------------------
     def _where(self, slot: int) -> str:
@@ -139,7 +129,7 @@ class KVCacheCall:
         if not torch.equal(self.value, self.value_in):
             token = int((self.value != self.value_in).reshape(self.value.shape[0], -1).any(-1).nonzero()[0])
             raise ReturnedWrong("cache", f"the target wrote into {self._name('value')} ({self._token(token)})")
-        keys, values = self._heads(self.key).detach(), self._heads(self.value)
+        keys, values = self.key.detach(), self.value
         key_cache = self.key_cache.reshape(-1, *keys.shape[1:])
         value_cache = self.value_cache.reshape(-1, *keys.shape[1:])
         cached = self.slot_mapping >= 0
@@ -170,9 +160,9 @@ class KVCacheCall:
         )
         if bool((cache[slot] == SENTINEL).all()):
             say += ": nothing was written there"
-        elif role == "key_cache" and torch.equal(self._heads(self.key_in)[i], expected[i]):
+        elif role == "key_cache" and torch.equal(self.key_in[i], expected[i]):
             say += f"; {tensor} was left unrotated (the rotated k went only into {name})"
-        elif role == "value_cache" and torch.equal(cache[slot], self._heads(self.key)[i].detach()):
+        elif role == "value_cache" and torch.equal(cache[slot], self.key[i].detach()):
             say += f"; it holds the token's rotated {self._name('key')}"
         elif role == "value_cache":
             say += f"; {tensor} was changed on its way into {name} (rotated?)"

@@ -18,7 +18,7 @@ import ctypes
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-NEVER_TRIM = 2**62  # bytes of free memory at the heap's top before it is given back
+NEVER_TRIM = 2**31 - 1  # bytes of free memory at the heap's top before it is given back (an int)
 
 
 def keep_freed_memory() -> bool:
@@ -28,5 +28,4 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    trim = min(NEVER_TRIM, 2**31 - 1)  # mallopt takes an int
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, trim))
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
