@@ -31,6 +31,7 @@ from ropecheck.properties.one_d import (
     where_pairs,
 )
 from ropecheck.properties.quantized_checks import QUANTIZED_CHECKS
+from ropecheck.properties.sizes import TOY
 from ropecheck.properties.strategies import (
     cases,
     example_grad_layout,
@@ -65,7 +66,8 @@ def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
 
 @st.composite
 def _distractor(draw, ctx, case):
-    dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
+    # another dtype, as a multi-dtype process calls it; one model (a compiled one) has one
+    dtypes = [d for d in ctx.target.dtypes if d != case.dtype and not ctx.sizes.model] or [case.dtype]
     other = draw(
         cases(
             draw(st.sampled_from(dtypes)),
@@ -74,6 +76,7 @@ def _distractor(draw, ctx, case):
             call=ctx.target.call,
             k_optional=ctx.target.k_optional,
             row_offsets=ctx.target.row_offsets,
+            sizes=ctx.sizes if ctx.sizes.model else TOY,  # one model's shapes in a one-model run
             **interface_draws(ctx.target),
         )
     )
@@ -87,7 +90,7 @@ DECODE_CALLS = 64
 def _example_distractor(ctx, case):
     """The call a multi-dtype process makes next: the same shape in another dtype, at
     positions past the case's (a cache grown then, in that dtype, is what the case meets)."""
-    dtypes = [d for d in ctx.target.dtypes if d != case.dtype] or [case.dtype]
+    dtypes = [d for d in ctx.target.dtypes if d != case.dtype and not ctx.sizes.model] or [case.dtype]
     p = case.positions_array()
     later = np.minimum(p + int(p.max()) + 1, ctx.limit(case.head_dim))
     scale = min(case.scale, max(scales(dtypes[0])))  # magnitudes that dtype holds

@@ -11,12 +11,14 @@ import numpy as np
 
 from ropecheck.properties.cases import Case
 from ropecheck.properties.interface import segment_lengths
-from ropecheck.properties.sizes import HUGE_ELEMENTS, TOY, Sizes
+from ropecheck.properties.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim
 from ropecheck.properties.strategies import (
     FREE_HEAD_DIMS,
     PACKED_MEMORY,
     fitted_seq,
+    head_dim_choices,
     max_position_for,
+    model_qk_heads,
     partial_head_dims,
     scales,
 )
@@ -126,7 +128,7 @@ def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
     if not sizes.production:
         return []
     dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
-    common = 128 if 128 in dims else max(dims)
+    common = common_head_dim(dims)
     widest = max(dims)
     odd = next((d for d in dims if d > 128 and d & (d - 1)), widest)
 
@@ -144,6 +146,22 @@ def production_cases(dtype: str, rotary_dim: int | None = None, call: str = "x",
             fitted(64, 1, 33, common, 8000, "contiguous", 34),
         )
     ]
+
+
+def for_model(case: Case, sizes: Sizes, rotary_dim: int | None, layouts: tuple) -> Case:
+    """A fixed input in one model's shapes (``Sizes.one_model``), its positions (within the
+    table budget of the model's head size) and its batch and sequence kept: the head size,
+    the heads (q's and k's; k=None stays), the first of ``layouts``, q and k apart."""
+    head_dim = head_dim_choices(rotary_dim, sizes)[0]
+    if case.call == "qk":
+        heads, k_heads = model_qk_heads(sizes)
+        case = replace(case, heads=heads, k_heads=k_heads if case.k_heads else 0, separate=True)
+    else:
+        case = replace(case, heads=max(sizes.heads))
+    if case.call == "packed":
+        layouts = tuple(m for m in layouts if m in PACKED_MEMORY) or ("contiguous",)
+    case = replace(case, head_dim=head_dim, memory=layouts[0], k_memory="")
+    return within(case, max_position_for(head_dim), keep_rows=True)
 
 
 def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:

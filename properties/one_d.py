@@ -22,6 +22,7 @@ from ropecheck.properties.dtypes import torch_dtype
 from ropecheck.properties.fixed_cases import (
     counts_up,
     critical_cases,
+    for_model,
     huge_case,
     large_cases,
     production_cases,
@@ -136,14 +137,17 @@ def _fixed_inputs(prop, ctx: Context) -> list:
     if prop.large:
         fixed += large_cases(ctx.dtype, r, call)[: prop.large]
         fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
-    if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
-        fixed.append(huge_case(ctx.dtype, r, call))
     if call == "qk" and ctx.target.k_optional and getattr(ctx.target, "interface", None) is not None:
         # an interface that takes key=None (MLA, cross-attention) is given it every run
         fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
+    fixed = [for_interface(case, ctx.target) for case in fixed]
+    if ctx.sizes.model:  # one model's shapes (the huge input keeps its own: past 2^31 elements)
+        layouts = interface_draws(ctx.target, prop.case_options.get("memory", MEMORY_LAYOUTS))["memory"]
+        fixed = [for_model(case, ctx.sizes, r, layouts) for case in fixed]
+    if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
+        fixed.append(for_interface(huge_case(ctx.dtype, r, call), ctx.target))
     out = []
     for case in fixed:
-        case = for_interface(case, ctx.target)
         if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
             continue
         p = case.positions_array()

@@ -26,7 +26,9 @@ class Sizes:
     ``heads``: x's heads (and q's in the qk form); ``ratios``: q heads per k head in the qk
     form; ``max_elements``: a drawn input's elements at most (its sequence is cut to fit);
     ``huge``: try one input past 2^31 elements: ``auto`` on a CUDA device, ``yes`` on any,
-    where the device and the host have the memory (``huge_plan``); ``no``."""
+    where the device and the host have the memory (``huge_plan``); ``no``; ``model``: draw
+    one model's shapes (``one_model``), the batch, the sequence, the positions and the
+    values still drawn."""
 
     name: str
     head_dims: tuple = (8, 80, 128)
@@ -35,11 +37,20 @@ class Sizes:
     ratios: tuple = ()  # empty: q heads from heads, k heads any divisor (the toy rule)
     max_elements: int = 2**20
     huge: str = "no"
+    model: bool = False
 
     @property
     def production(self) -> bool:
         """Longer sequences or wider heads than the toy sizes."""
         return self.max_seq > TOY.max_seq or max(self.head_dims) > max(TOY.head_dims)
+
+    def one_model(self) -> Sizes:
+        """These sizes as one model has them, the way a compiled model (or a captured CUDA
+        graph) is handed its inputs: one head size (128, else the largest), one head count
+        (the largest), one q/k head split and one memory layout (``strategies``), so that
+        what varies between calls is what varies in serving and training: the batch, the
+        sequence, the positions and the values."""
+        return replace(self, head_dims=(common_head_dim(self.head_dims),), heads=(max(self.heads),), model=True)
 
     def spec(self) -> str:
         """The ``--sizes`` value that gives these sizes."""
@@ -61,7 +72,14 @@ class Sizes:
 
 
 def _show(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     return "/".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def common_head_dim(head_dims) -> int:
+    """The head size most models have where it is among ``head_dims`` (128), else the largest."""
+    return 128 if 128 in head_dims else max(head_dims)
 
 
 SIZES = {
@@ -109,6 +127,10 @@ def parse(spec: str) -> Sizes:
             if value not in ("auto", "yes", "no"):
                 raise ValueError(f"--sizes huge: auto, yes or no, got {value!r}")
             parsed = value
+        elif key == "model":
+            if value not in ("yes", "no"):
+                raise ValueError(f"--sizes model: yes or no, got {value!r}")
+            parsed = value == "yes"
         else:
             numbers = _positive_ints(key, value)
             parsed = numbers

@@ -23,7 +23,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
-from ropecheck.properties.sizes import TOY, Sizes
+from ropecheck.properties.sizes import TOY, Sizes, common_head_dim
 
 MAX_POSITION = 2**24
 POSITION_BUDGET = 2**27
@@ -60,12 +60,22 @@ def partial_head_dims(rotary_dim: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((rotary_dim, rotary_dim + 48, 2 * rotary_dim, 4 * rotary_dim)))
 
 
-def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStrategy[int]:
+def head_dim_choices(rotary_dim: int | None = None, sizes: Sizes = TOY) -> tuple[int, ...]:
     """The sizes' head sizes when the whole head rotates; with a partial rotary dimension
-    r, ``partial_head_dims(r)``."""
-    if rotary_dim is None:
-        return st.sampled_from(sizes.head_dims)
-    return st.sampled_from(partial_head_dims(rotary_dim))
+    r, ``partial_head_dims(r)``; one model's (``Sizes.one_model``): the common one of them.
+    One model's q and k come in tensors of their own, as its projections make them."""
+    dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
+    return (common_head_dim(dims),) if sizes.model else tuple(dims)
+
+
+def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStrategy[int]:
+    return st.sampled_from(head_dim_choices(rotary_dim, sizes))
+
+
+def model_qk_heads(sizes: Sizes) -> tuple[int, int]:
+    """One model's (q heads, k heads): grouped-query attention, two query heads per key
+    head at the toy sizes, Llama's 32 per 8 at sizes with q/k ratios."""
+    return (32, 8) if sizes.ratios else (4, 2)
 
 
 # Strategies are immutable: the ones built from draw-dependent arguments are cached, so a
@@ -228,6 +238,8 @@ def _cases(
     seq = draw(_seqs(min_seq, longest))
     if call == "x":
         heads, kv = draw(_heads(sizes.heads)), 0
+    elif sizes.model:
+        heads, kv = model_qk_heads(sizes)
     elif sizes.ratios:
         heads, kv = draw(grouped_heads(sizes.ratios, k_optional))
     else:  # k's heads drawn last (below), as runs before production sizes drew them
@@ -243,20 +255,25 @@ def _cases(
         heads=heads,
         head_dim=head_dim,
         positions=tuple(map(tuple, grid.tolist())),
-        memory=draw(st.sampled_from(memory)),
+        memory=_layout(draw, memory, sizes),
         scale=draw(st.sampled_from(scales(dtype))),
         seed=draw(st.integers(0, 2**16)),
     )
     if call == "qk":
         kv = draw(k_heads(heads, k_optional)) if kv is None else kv
-        case = replace(case, call="qk", k_heads=kv, separate=draw(st.booleans()))
+        case = replace(case, call="qk", k_heads=kv, separate=sizes.model or draw(st.booleans()))
     # an interface's call variant, and k's own layout (drawn only for interfaces that have
     # them: every other target's inputs are drawn as before)
     if variants:
         case = replace(case, api_variant=draw(st.sampled_from(variants)))
     if k_layouts and case.call == "qk" and case.separate and case.k_heads:
-        case = replace(case, k_memory=draw(st.sampled_from(k_layouts)))
+        case = replace(case, k_memory=_layout(draw, k_layouts, sizes))
     return case
+
+
+def _layout(draw, layouts: tuple, sizes: Sizes) -> str:
+    """A drawn memory layout; one model's (``Sizes.one_model``): the first of them."""
+    return layouts[0] if sizes.model else draw(st.sampled_from(layouts))
 
 
 # q heads of a (q, k) call: with k's, few enough to keep the checks' calls small
@@ -330,7 +347,7 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
         heads=heads,
         head_dim=head_dim,
         positions=(tuple(row.tolist()),),
-        memory=draw(st.sampled_from(usable)),
+        memory=_layout(draw, usable, sizes),
         scale=draw(st.sampled_from(scales(dtype))),
         seed=draw(st.integers(0, 2**16)),
         call="packed",

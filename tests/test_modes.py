@@ -125,6 +125,50 @@ def test_compile_routes_the_first_signatures_static_and_the_rest_to_one_dynamic_
     assert compiled._static((x, torch.arange(3).expand(2, 3).contiguous()))
 
 
+def test_inference_shares_one_graph_across_single_tokens_and_batches():
+    """Decode (one token, one sequence) and prefill share the inference graph: a dynamic size
+    of 1 is not specialised (serving's backed_size_oblivious)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = modes.Compiled(_rotate_half)
+    shapes = [(2, 3), (3, 5), (1, 7)] + [(b, s) for b in (1, 2, 3) for s in (1, 4, 9)]
+    with torch.no_grad():
+        for batch, seq in shapes:
+            x = torch.randn(batch, seq, 2, 8)
+            positions = torch.arange(seq).expand(batch, seq).contiguous()
+            assert torch.allclose(compiled(x, positions), _rotate_half(x, positions), atol=1e-5)
+    # (dynamo compiles the dynamic artefact a second time: a guard of its first fails to evaluate)
+    assert counters["stats"]["unique_graphs"] <= modes.STATIC_SIGNATURES + 2, dict(counters["stats"])
+
+
+def test_one_process_keeps_one_compiled_target_across_its_executions():
+    from ropecheck.calling.execution import Execution
+
+    first, second = Execution(_rotate_half), Execution(_rotate_half)
+    assert first.in_mode("compile") is second.in_mode("compile")
+    assert Execution(lambda x, p: x).in_mode("compile") is not first.in_mode("compile")
+
+
+def test_a_compile_run_compiles_one_model_not_one_graph_per_drawn_shape():
+    """No recompile storm: the checks of a compile run draw one model's shapes, so a whole ci
+    run of the correct kernel compiles a handful of graphs (the static ones, inference,
+    training, the exotic layouts the contract probes), where drawing every head size,
+    layout and dtype compiled over a hundred and hit dynamo's recompile limit."""
+    from torch._dynamo.utils import counters
+
+    from tests import mode_kernels
+
+    torch._dynamo.reset()
+    counters.clear()
+    report = ropecheck.check(mode_kernels.correct, layout="half", dtypes=["float32"], profile="ci",
+                             modes=["compile"], in_process=True)
+    assert report.passed, report
+    assert counters["stats"]["unique_graphs"] <= 16, dict(counters["stats"])
+    assert not any("recompile limit" in message for message, _ in report.session.compile_notes)
+
+
 def test_dynamic_dims_are_the_token_dimensions():
     assert list(modes.dynamic_dims(torch.zeros(2, 5, 4, 8))) == [0, 1]
     assert list(modes.dynamic_dims(torch.zeros(7, 4, 8))) == [0]

@@ -48,6 +48,41 @@ def test_size_sets_and_overrides():
             parse(bad)
 
 
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.data())
+def test_one_model_draws_one_head_size_head_count_and_layout(data):
+    """What a compiled model sees (``Sizes.one_model``, the compile and cudagraph modes):
+    the batch, the sequence and the positions vary; nothing else does."""
+    base = data.draw(st.sampled_from((TOY, PRODUCTION)))
+    model = base.one_model()
+    assert model.model and model.head_dims == (128,) and model.heads == (max(base.heads),)
+    assert parse(model.spec()) == model and "model=yes" in model.spec()
+    call = data.draw(st.sampled_from(("x", "qk", "packed")))
+    case = data.draw(cases("float32", call=call, sizes=model))
+    wide = data.draw(cases("float32", call=call, sizes=model, rotary_dim=32))
+    assert case.head_dim == 128 and wide.head_dim == 128  # 4 x 32, the common size
+    assert case.memory == "contiguous" and wide.memory == "contiguous"
+    if call == "qk":
+        assert (case.heads, case.k_heads, case.separate) == ((32, 8, True) if base.ratios else (4, 2, True))
+    else:
+        assert case.heads == max(base.heads)
+    with pytest.raises(ValueError, match="yes or no"):
+        parse("toy,model=1")
+
+
+def test_one_models_fixed_inputs_keep_their_positions_in_the_models_shapes():
+    from ropecheck.properties.fixed_cases import critical_cases, for_model
+    from ropecheck.properties.strategies import max_position_for
+
+    model = TOY.one_model()
+    for call in ("x", "qk", "packed"):
+        for case in critical_cases("float32", call=call):
+            mine = for_model(case, model, None, ("transposed", "contiguous"))
+            assert mine.head_dim == 128 and mine.positions_array().max() <= max_position_for(128)
+            assert mine.memory == ("contiguous" if call == "packed" else "transposed")
+            assert (mine.batch, mine.seq, mine.lengths) == (case.batch, case.seq, case.lengths)
+
+
 def test_profiles_choose_their_sizes():
     assert RunOptions(profile="ci").sizes == TOY
     assert RunOptions(profile="production").sizes == PRODUCTION

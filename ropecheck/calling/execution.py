@@ -21,6 +21,7 @@ Nothing here judges values against a reference: that is the parent's job.
 from __future__ import annotations
 
 import traceback
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -231,13 +232,22 @@ def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
     return form.invoke(fn, x, positions)
 
 
+# fn -> {mode: fn run in it}: made once per process, so that every Execution of one target
+# in this process (the in-process executor makes one per property) calls one compiled
+# artefact, as the worker's one Execution does
+_IN_MODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Execution:
     """Runs calls of ``fn`` (any callable taking tensors then positions) in this process."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.watch = _Watch()
-        self.in_modes: dict = {}  # mode -> fn run in it (ropecheck.modes), made once
+        try:
+            self.in_modes: dict = _IN_MODES.setdefault(fn, {})  # mode -> fn run in it (ropecheck.modes)
+        except TypeError:  # not weakly referenceable (a bound method, a builtin): this Execution's own
+            self.in_modes = {}
 
     def in_mode(self, mode: str) -> Callable:
         if mode not in self.in_modes:

@@ -4,10 +4,12 @@
 - ``compile``: wrapped in ``torch.compile`` (inductor, on CPU too) as serving and training
   stacks compile: one artefact with the token dimensions dynamic (batch and sequence of
   the tensors, every dimension of the integer ones: positions, offsets), so the shapes a
-  run draws share one compiled graph, plus a static-shape artefact for the first
-  STATIC_SIGNATURES input signatures so that shape-specialised code still runs; past
-  dynamo's recompile limit, where it would fall back to eager (and the verdict would be
-  eager's under the compile label), a fresh compiled function takes over (``Compiled``).
+  run draws share one compiled graph (inference size-oblivious, as vLLM compiles it: one
+  token and one sequence share it too), plus a static-shape artefact for the first
+  STATIC_SIGNATURES input signatures so that shape-specialised code still runs; the checks
+  draw one model's shapes (``ONE_MODEL_MODES``); past dynamo's recompile limit, where it
+  would fall back to eager (and the verdict would be eager's under the compile label), a
+  fresh compiled function takes over (``Compiled``).
 - ``autocast``, ``autocast-fp16``: called inside ``torch.autocast`` of the input's device
   with bfloat16 / float16, as a model under mixed precision calls it. The inputs keep
   their dtype and are judged at its tolerance: a RoPE must not let autocast lower the
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 import torch
@@ -33,6 +35,11 @@ import torch
 from ropecheck.calling import quiet
 
 MODES = ("eager", "compile", "autocast", "autocast-fp16", "cudagraph")
+# Modes that build code per input signature, as a server builds it for the model it
+# serves: a run in them draws one model's shapes (``Sizes.one_model``: one head size, head
+# count and layout; the batch, the sequence, the positions and the values vary), so that
+# one compiled artefact (one captured graph per shape) serves it, not one per head size.
+ONE_MODEL_MODES = ("compile", "cudagraph")
 AUTOCAST_DTYPES = {"autocast": torch.bfloat16, "autocast-fp16": torch.float16}
 RECOMPILE_LIMIT = 64  # distinct shapes and layouts one compiled target may see
 STATIC_SIGNATURES = 3  # input signatures compiled with static shapes in a compile run
@@ -186,7 +193,7 @@ class Compiled:
             for a in args:
                 for dim in dynamic_dims(a):
                     self.dynamo.maybe_mark_dynamic(a, dim)
-        with collecting(show=quiet.showing()):
+        with collecting(show=quiet.showing()), _size_oblivious(not static and not _training(args)):
             try:
                 return (self.static if static else self.dynamic)(*args)
             except self.dynamo.exc.FailOnRecompileLimitHit:
@@ -195,6 +202,24 @@ class Compiled:
                 self.static = torch.compile(self.fn, dynamic=False)
                 self.dynamic = torch.compile(self.fn, dynamic=None)
                 return (self.static if static else self.dynamic)(*args)
+
+
+def _training(args) -> bool:
+    """Whether a call records a graph for backward (a training step, not inference)."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+def _size_oblivious(on: bool):
+    """Inference as serving stacks compile it (vLLM's backed_size_oblivious): a dynamic
+    size of 1 (one sequence, one token) is not specialised, so decode and prefill share the
+    graph. Training compiles as torch.compile does by default: 0 and 1 specialised (with
+    size-oblivious sizes, inductor's backward asserted strides the incoming gradient does
+    not have)."""
+    if not on:
+        return nullcontext()
+    from torch.fx.experimental import _config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]  # installed by torch.utils._config_module
 
 
 def signature(args) -> tuple:

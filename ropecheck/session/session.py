@@ -155,9 +155,10 @@ class Session:
             return self._crashed(prop, dtype, mode)
         target = self.target_for(dtype)
         run_in = target if mode == "eager" else replace(target, mode=mode)
-        result = run_property(
-            prop, run_in, dtype, self.run_options, reproduce_hint=self.reproduce(prop.name, mode, dtype)
-        )
+        options = self.run_options
+        if mode in run_modes.ONE_MODEL_MODES:
+            options = replace(options, sizes=options.drawn_sizes.one_model())
+        result = run_property(prop, run_in, dtype, options, reproduce_hint=self.reproduce(prop.name, mode, dtype))
         result.mode = mode
         return result
 
