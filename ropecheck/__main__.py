@@ -1,7 +1,8 @@
 """The ``ropecheck`` command (``python -m ropecheck`` and the installed script).
 
-It starts the target's worker process first, then imports the CLI: the worker's start-up
-(and its import of the loaders) and ropecheck's imports overlap.
+It imports torch and the loaders, forks the zygote its workers are forked from
+(``ropecheck.calling.spawn``) and starts the target's worker, then imports the CLI: the
+worker loads its target while ropecheck's CLI imports.
 """
 
 import sys

@@ -17,6 +17,7 @@ PROBE = textwrap.dedent("""
     if sys.argv[1] == "keep":
         assert memory.keep_freed_memory()
     import torch
+    torch.set_num_threads(1)  # one heap: a thread pool's threads allocate from arenas of their own
     faults = []
     for _ in range(12):  # 256 MiB each time, freed at once: as the calls of a large input
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

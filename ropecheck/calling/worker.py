@@ -12,9 +12,10 @@ back the outcome. What the target does to its process stays there:
 - ``sys.exit`` is the call's error; threads the target leaves running die with the
   worker; process-wide state it changes is restored in the worker.
 
-The worker is a fresh interpreter (``python -c``), not a fork: forking a process whose
-OpenMP pool has run deadlocks the child, and multiprocessing's spawn would re-import the
-user's ``__main__``. It gets ropecheck's ``sys.path``, so it imports what the parent
+The worker is forked from a zygote (``ropecheck.calling.spawn``: a fork of ropecheck
+made before it ran torch), else a fresh interpreter (``python -c``): forking a process
+whose OpenMP pool has run deadlocks the child, and multiprocessing's spawn would re-import
+the user's ``__main__``. It gets ropecheck's ``sys.path``, so it imports what the parent
 would. Tensors travel by value with their strides and storage offsets
 (:func:`dumps`), so a view arrives as the same view.
 """
@@ -80,16 +81,6 @@ def spin_until_ready(conn: Connection, timeout: Optional[float]) -> bool:
 # --- the worker's side ---------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when ropecheck dies (even by os._exit)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the parent closes the pipe, the worker sees EOF
-        pass
-
-
 def _resolve(dotted: str):
     module, _, attr = dotted.partition(":")
     return getattr(__import__(module, fromlist=[attr]), attr)
@@ -98,7 +89,7 @@ def _resolve(dotted: str):
 def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     """The worker's loop: load the target, then run calls until told to stop (``Exit``, or
     ropecheck closing the connection). ``preload``: modules to import while waiting."""
-    _die_with_parent()
+    spawn.die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is ropecheck's to handle
     faulthandler.enable(open(crash_log, "w"))
     memory.keep_freed_memory()
@@ -177,16 +168,19 @@ def _death(returncode: Optional[int]) -> str:
 
 
 def _crash_site(log_path: str) -> str:
-    """The innermost Python frame of faulthandler's dump that is not ropecheck's own."""
+    """The innermost Python frames of faulthandler's dump (most recent call first) that are
+    not ropecheck's own: the target's, up to where ropecheck's calling layer called it (the
+    frames past it are the worker's and, in a forked worker, the zygote's)."""
     try:
         text = Path(log_path).read_text(errors="replace")
     except OSError:
         return ""
-    frames = [
-        f"{file}:{line} in {func}"
-        for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
-        if not file.startswith(str(Path(__file__).parent))
-    ]
+    frames: list = []
+    for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text):
+        if not file.startswith(str(Path(__file__).parent)):
+            frames.append(f"{file}:{line} in {func}")
+        elif frames:
+            break
     if not frames:
         return ""
     return f" at {frames[0]}" + (f", called from {frames[1]}" if len(frames) > 1 else "")

@@ -1,0 +1,96 @@
+"""Worker processes forked from the zygote (a fork of ropecheck made before it ran torch):
+they serve calls, their ends (an exit, a signal) are told as a child's are, a kill stops
+them, and without a zygote (or with a dead one) a worker is a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ropecheck.calling import spawn
+from ropecheck.calling.messages import Exit, dumps
+
+KERNELS = str(Path(__file__).with_name("mode_kernels.py"))
+
+
+@pytest.fixture
+def zygote():
+    if spawn._zygote is None or not spawn._zygote.alive():
+        pytest.skip("no zygote in this test process (tests/conftest.py forks it)")
+    return spawn._zygote
+
+
+def _stop(started):
+    started.conn.close()
+    for log in (started.crash_log, started.output_log):
+        if log:
+            Path(log).unlink(missing_ok=True)
+
+
+def test_a_worker_forks_from_the_zygote_and_ends_as_a_child_does(zygote):
+    started = spawn.start()
+    assert isinstance(started.proc, spawn.Forked) and started.proc.pid != os.getpid()
+    assert started.proc.poll() is None  # serving
+    started.conn.send_bytes(dumps(Exit()))
+    assert started.proc.wait(timeout=10) == 0
+    _stop(started)
+
+
+def test_a_killed_worker_ends_by_its_signal_and_a_running_one_times_out(zygote):
+    started = spawn.start()
+    with pytest.raises(subprocess.TimeoutExpired):
+        started.proc.wait(timeout=0.2)
+    started.proc.kill()
+    assert started.proc.wait(timeout=10) == -signal.SIGKILL
+    started.proc.kill()  # an ended worker: nothing to kill, no error
+    _stop(started)
+
+
+def test_a_crash_in_a_forked_worker_is_a_finding_with_its_signal(tmp_path):
+    from tests.test_cli import check
+
+    kernel = tmp_path / "crash.py"
+    kernel.write_text("import os\n\ndef rope(x, positions):\n    os.abort()\n")
+    result = check(f"{kernel}:rope", "--layout", "half", "--dtype", "float32", "--profile", "ci")
+    assert result.exit_code in (1, 2), result.output
+    assert "SIGABRT" in result.output and "crash.py:4 in rope" in result.output
+
+
+def test_without_a_zygote_a_worker_is_a_fresh_interpreter(monkeypatch):
+    monkeypatch.setattr(spawn, "_zygote", None)
+    started = spawn.start()
+    assert isinstance(started.proc, subprocess.Popen)
+    started.proc.kill()
+    started.proc.wait()
+    _stop(started)
+
+
+def test_a_dead_zygote_leaves_workers_to_fresh_interpreters(monkeypatch):
+    dead = spawn.Zygote(())
+    os.kill(dead.pid, signal.SIGKILL)
+    os.waitpid(dead.pid, 0)
+    monkeypatch.setattr(spawn, "_zygote", dead)
+    started = spawn.start()
+    assert isinstance(started.proc, subprocess.Popen) and not dead.alive()
+    started.proc.kill()
+    started.proc.wait()
+    _stop(started)
+
+
+def test_a_checks_worker_is_forked_not_a_fresh_interpreter(tmp_path):
+    """A fresh interpreter is this process's child and takes more than a second of CPU
+    (its start and torch's import) before its first call; a forked worker is the
+    zygote's child, so none of its CPU is counted here."""
+    from tests.test_cli import check
+
+    before = os.times()
+    result = check(f"{KERNELS}:correct", "--layout", "half", "--dtype", "float32", "--profile", "ci",
+                   "--property", "identity", "--max-examples", "2")
+    after = os.times()
+    assert result.exit_code == 0, result.output
+    children = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+    assert children < 0.5, children  # the forked worker is the zygote's child: not counted here at all
