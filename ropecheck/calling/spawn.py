@@ -17,6 +17,8 @@ torch but ``prestart``, for the zygote.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import os
 import pickle
@@ -158,6 +160,9 @@ class Zygote:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # what exists now (torch, the modules) stays out of the garbage collector's sight on
+        # both sides: its passes would write into every shared page and copy it
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the zygote
             ours.close()
@@ -170,6 +175,7 @@ class Zygote:
         theirs.close()
         self.pid, self.sock, self.lock = pid, ours, threading.Lock()
         self.dead = False
+        atexit.register(self.end)
 
     def alive(self) -> bool:
         return not self.dead
@@ -212,6 +218,20 @@ class Zygote:
         except OSError:
             pass
 
+    def end(self, wait: float = 5.0) -> None:
+        """Stop the zygote (its workers stopped first) and reap it: its CPU and its workers'
+        then count as this process's children's, as a fresh interpreter's did."""
+        self.close()
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                return
+            time.sleep(REAP_INTERVAL)
+
 
 def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
     die_with_parent()
@@ -238,8 +258,17 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
         if not ready:
             continue
         message, fds, _, _ = socket.recv_fds(sock, 4096, 2)
-        if not message:  # ropecheck is gone
-            return
+        if not message:  # ropecheck is done (or gone): its workers with it, reaped
+            for pid in _children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            while True:
+                try:
+                    os.wait()
+                except ChildProcessError:
+                    return
         request = pickle.loads(message)
         if request[0] == "fork":
             pid = os.fork()
@@ -268,6 +297,15 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 time.sleep(REAP_INTERVAL)
                 reap()
             sock.send(pickle.dumps(ended.pop(pid, None)))
+
+
+def _children() -> list:
+    """This process's children (Linux: /proc), else none known."""
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as listing:
+            return [int(pid) for pid in listing.read().split()]
+    except OSError:
+        return []
 
 
 _zygote: Optional[Zygote] = None
