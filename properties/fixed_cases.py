@@ -19,6 +19,7 @@ from ropecheck.properties.strategies import (
     head_dim_choices,
     max_position_for,
     model_qk_heads,
+    packed_layouts,
     partial_head_dims,
     scales,
 )
@@ -159,7 +160,7 @@ def for_model(case: Case, sizes: Sizes, rotary_dim: int | None, layouts: tuple) 
     else:
         case = replace(case, heads=max(sizes.heads))
     if case.call == "packed":
-        layouts = tuple(m for m in layouts if m in PACKED_MEMORY) or ("contiguous",)
+        layouts = packed_layouts(layouts)
     case = replace(case, head_dim=head_dim, memory=layouts[0], k_memory="")
     return within(case, max_position_for(head_dim), keep_rows=True)
 

@@ -62,8 +62,7 @@ def partial_head_dims(rotary_dim: int) -> tuple[int, ...]:
 
 def head_dim_choices(rotary_dim: int | None = None, sizes: Sizes = TOY) -> tuple[int, ...]:
     """The sizes' head sizes when the whole head rotates; with a partial rotary dimension
-    r, ``partial_head_dims(r)``; one model's (``Sizes.one_model``): the common one of them.
-    One model's q and k come in tensors of their own, as its projections make them."""
+    r, ``partial_head_dims(r)``; one model's (``Sizes.one_model``): the common one of them."""
     dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
     return (common_head_dim(dims),) if sizes.model else tuple(dims)
 
@@ -74,7 +73,8 @@ def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStr
 
 def model_qk_heads(sizes: Sizes) -> tuple[int, int]:
     """One model's (q heads, k heads): grouped-query attention, two query heads per key
-    head at the toy sizes, Llama's 32 per 8 at sizes with q/k ratios."""
+    head at the toy sizes, Llama's 32 per 8 at sizes with q/k ratios. One model's q and k
+    come in tensors of their own, as its projections make them."""
     return (32, 8) if sizes.ratios else (4, 2)
 
 
@@ -312,6 +312,11 @@ def grouped_heads(ratios: tuple, k_optional: bool) -> st.SearchStrategy[tuple]:
 PACKED_MEMORY = ("contiguous", "qkv-slice", "strided-heads", "padded", "padded-64")
 
 
+def packed_layouts(memory) -> tuple:
+    """The layouts of ``memory`` a packed (total, heads, head_dim) input can be drawn in."""
+    return tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
+
+
 @lru_cache(maxsize=None)
 def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]:
     """Sequence lengths of a packed batch: one to four sequences of different lengths,
@@ -339,7 +344,7 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
     heads = draw(_heads(sizes.heads))
     lengths = cut_lengths(lengths, min_seq, heads * head_dim, sizes)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
-    usable = tuple(m for m in memory if m in PACKED_MEMORY) or ("contiguous",)
+    usable = packed_layouts(memory)
     return Case(
         dtype=dtype,
         batch=1,

@@ -246,7 +246,7 @@ class Execution:
         self.watch = _Watch()
         try:
             self.in_modes: dict = _IN_MODES.setdefault(fn, {})  # mode -> fn run in it (ropecheck.modes)
-        except TypeError:  # not weakly referenceable (a bound method, a builtin): this Execution's own
+        except TypeError:  # not weakly referenceable (a builtin function): this Execution's own
             self.in_modes = {}
 
     def in_mode(self, mode: str) -> Callable:

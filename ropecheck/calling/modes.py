@@ -272,7 +272,7 @@ class CudaGraphed:
         return graph, buffers, out
 
     def __call__(self, *args):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if _training(args):
             return self.fn(*args)  # a VJP: the backward is not captured
         key = signature(args)
         if key not in self.graphs:

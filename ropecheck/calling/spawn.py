@@ -240,7 +240,8 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
 
     for module in preload:
         importlib.import_module(module)
-    ended: dict = {}
+    running: set = set()  # the workers forked and not yet reaped
+    ended: dict = {}  # pid -> how it ended, until ropecheck asks
 
     def reap() -> None:
         while True:
@@ -250,6 +251,7 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 return
             if pid == 0:
                 return
+            running.discard(pid)
             ended[pid] = os.waitstatus_to_exitcode(status)
 
     while True:
@@ -259,7 +261,7 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
             continue
         message, fds, _, _ = socket.recv_fds(sock, 4096, 2)
         if not message:  # ropecheck is done (or gone): its workers with it, reaped
-            for pid in _children():
+            for pid in running:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -282,11 +284,11 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 # was at the fork (a test session's capture, a buffer holding ropecheck's output)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 try:
                     serve(fds[0], request[1])
                 finally:
                     os._exit(0)
+            running.add(pid)
             for fd in fds:
                 os.close(fd)
             sock.send(pickle.dumps(pid))
@@ -297,15 +299,6 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 time.sleep(REAP_INTERVAL)
                 reap()
             sock.send(pickle.dumps(ended.pop(pid, None)))
-
-
-def _children() -> list:
-    """This process's children (Linux: /proc), else none known."""
-    try:
-        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as listing:
-            return [int(pid) for pid in listing.read().split()]
-    except OSError:
-        return []
 
 
 _zygote: Optional[Zygote] = None
