@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,21 @@ def test_a_checks_worker_is_forked_not_a_fresh_interpreter(tmp_path):
     assert result.exit_code == 0, result.output
     children = (after.children_user + after.children_system) - (before.children_user + before.children_system)
     assert children < 0.5, children  # the forked worker is the zygote's child: not counted here at all
+
+
+def test_an_eager_verdict_imports_no_sympy(tmp_path):
+    """torch.autograd.grad's shape check imports torch's symbolic shapes and sympy (a
+    second, more than a ci verdict's calls); an eager backward goes to autograd's engine
+    past it (``execution._grad``). Pinned in a fresh interpreter, --in-process, so that the
+    calls run in the process looked at."""
+    code = (
+        "import sys\n"
+        "from ropecheck.cli import main\n"
+        f"sys.argv = ['ropecheck', 'check', {KERNELS + ':correct'!r}, '--layout', 'half', '--profile', 'ci',"
+        " '--dtype', 'float32', '--max-examples', '3', '--property', 'backward', '--property', 'inverse',"
+        " '--in-process']\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    code = end.code\n"
+        "print('exit', code, 'sympy', 'sympy' in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "exit 0 sympy False" in proc.stderr, proc.stdout + proc.stderr

@@ -416,6 +416,87 @@ def test_backward_writing_into_grad_output_is_its_own_finding(tmp_path):
     assert "outside the bound" not in result.output  # not reported as a wrong value
 
 
+def test_a_failing_verdict_does_not_hang_on_how_busy_the_machine_is(tmp_path, monkeypatch):
+    """Hypothesis, asked for every distinct bug, goes on drawing after the first failure
+    for up to 10 s of wall time, so how many inputs it drew (and so where shrinking
+    started) hung on the machine's load; under load the test above was once reported for
+    the raise of a broadcast gradient instead of its grad_output write. ropecheck reports
+    one failure per property: hypothesis stops drawing at the first. Here every reading of
+    hypothesis' clock is 6 s later than the last (before: 24 inputs instead of 28)."""
+    import time
+    import types
+
+    from hypothesis.internal.conjecture import engine
+
+    target = write(tmp_path, "writes_grad", with_rope('''
+        class _Rope(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, positions):
+                ctx.save_for_backward(positions)
+                return correct_rope(x, positions)
+
+            @staticmethod
+            def backward(ctx, g):
+                (positions,) = ctx.saved_tensors
+                g.copy_(correct_rope(g, -positions))
+                return g, None
+
+
+        def rope(x, positions):
+            return _Rope.apply(x, positions)
+    '''))
+
+    def verdict(name):
+        record = tmp_path / f"{name}.json"
+        result = check(target, "--layout", "half", *FP32, *FAST, "--property", "backward", "--json", str(record))
+        assert result.exit_code == 1, result.output
+        return [(r["property"], r["message"], r["counterexample"], r["examples"])
+                for r in json.loads(record.read_text())["results"]]
+
+    idle = verdict("idle")
+    late = [0.0]
+
+    def busy_clock():
+        late[0] += 6.0
+        return time.monotonic() + late[0]
+
+    monkeypatch.setattr(engine, "time", types.SimpleNamespace(monotonic=busy_clock, perf_counter=time.perf_counter))
+    assert verdict("busy") == idle
+
+
+def test_a_verdict_does_not_hang_on_what_else_the_process_imported(tmp_path):
+    """Hypothesis draws some values from the literals of every local module loaded in the
+    process; ropecheck's runs draw from the seed alone, so a module full of numbers (as
+    another kernel or a user's own code may be) leaves every input the target is called
+    with as it was (before, 4 of 19 calls changed)."""
+    import importlib
+
+    calls = tmp_path / "calls.txt"
+    target = write(tmp_path, "seen", CORRECT + textwrap.dedent(f'''
+
+        def rope(x, positions):
+            with open({str(calls)!r}, "a") as log:
+                log.write(f"{{tuple(x.shape)}} {{positions.tolist()}}\\n")
+            return correct_rope(x, positions)
+    '''))
+
+    def called_with():
+        calls.write_text("")
+        result = check(target, "--layout", "half", *FP32, *FAST, "--property", "reference")
+        assert result.exit_code == 0, result.output
+        return calls.read_text().splitlines()
+
+    before = called_with()
+    (tmp_path / "numbers_elsewhere.py").write_text(f"NUMBERS = {tuple(range(1001, 60000, 997))}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.import_module("numbers_elsewhere")
+        assert called_with() == before
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("numbers_elsewhere", None)
+
+
 @pytest.mark.parametrize("layout", ["expanded-head", "expanded-feature"])
 def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
     """The private copy of a stride-0 gradient keeps its strides (the backward sees what

@@ -20,6 +20,7 @@ Nothing here judges values against a reference: that is the parent's job.
 
 from __future__ import annotations
 
+import sys
 import traceback
 import weakref
 from contextlib import contextmanager
@@ -27,10 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch.overrides import has_torch_function
 
 from ropecheck.calling import api_call, context_parallel, modes
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong
+
+# the engine call behind torch.autograd.grad (a torch without it: the front door, always)
+_engine_run_backward: Optional[Callable[..., tuple]] = getattr(torch.autograd.graph, "_engine_run_backward", None)
 
 
 @dataclass(frozen=True)
@@ -385,9 +390,7 @@ class Execution:
                 outcome.error = ("backward", why)
                 return outcome
             try:
-                (g,) = torch.autograd.grad(
-                    y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private, allow_unused=True
-                )
+                (g,) = _grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private)
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome
@@ -402,6 +405,25 @@ class Execution:
             )
         outcome.outputs = to_host((y_out, None if g is None else g.detach()))
         return outcome
+
+
+def _grad(y: torch.Tensor, leaf: torch.Tensor, grad: torch.Tensor) -> tuple:
+    """``torch.autograd.grad(y, leaf, grad, allow_unused=True)``. Its front door checks the
+    gradient's shape through torch's symbolic-shapes module, whose first import (sympy) costs
+    a second, more than a ci verdict's calls. Where that module is not loaded yet (an eager
+    run), the same check is made here and the engine is called as that front door calls it;
+    otherwise (compile runs load it anyway, tensor subclasses) the front door itself."""
+    if (
+        _engine_run_backward is None
+        or "torch.fx.experimental.symbolic_shapes" in sys.modules
+        or has_torch_function((y, leaf, grad))
+    ):
+        return torch.autograd.grad(y, leaf, grad, allow_unused=True)
+    if y.shape != grad.shape:  # the front door's words
+        raise RuntimeError(
+            f"Mismatch in shape: grad_output[0] has a shape of {grad.shape} and output[0] has a shape of {y.shape}."
+        )
+    return _engine_run_backward((y,), (grad,), False, False, (leaf,), True, accumulate_grad=False)
 
 
 def _detached(out):  # a builder's result, its tensors detached (a tuple's too: a worker sends it back)
