@@ -391,25 +391,28 @@ def test_grad_mode_switched_off_is_not_called_missing_backward(tmp_path):
     assert "declare --no-backward" not in result.output
 
 
+# the right gradient, written into grad_output's memory
+WRITES_GRAD = with_rope('''
+    class _Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, positions):
+            ctx.save_for_backward(positions)
+            return correct_rope(x, positions)
+
+        @staticmethod
+        def backward(ctx, g):
+            (positions,) = ctx.saved_tensors
+            g.copy_(correct_rope(g, -positions))
+            return g, None
+
+
+    def rope(x, positions):
+        return _Rope.apply(x, positions)
+''')
+
+
 def test_backward_writing_into_grad_output_is_its_own_finding(tmp_path):
-    source = with_rope('''
-        class _Rope(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x, positions):
-                ctx.save_for_backward(positions)
-                return correct_rope(x, positions)
-
-            @staticmethod
-            def backward(ctx, g):
-                (positions,) = ctx.saved_tensors
-                g.copy_(correct_rope(g, -positions))  # the right gradient, in grad_output's memory
-                return g, None
-
-
-        def rope(x, positions):
-            return _Rope.apply(x, positions)
-    ''')
-    result = check(write(tmp_path, "writes_grad", source), "--layout", "half", *FP32, *FAST,
+    result = check(write(tmp_path, "writes_grad", WRITES_GRAD), "--layout", "half", *FP32, *FAST,
                    "--property", "backward", "--property", "inverse")
     assert result.exit_code == 1, result.output
     assert "backward wrote into grad_output" in result.output
@@ -428,23 +431,7 @@ def test_a_failing_verdict_does_not_hang_on_how_busy_the_machine_is(tmp_path, mo
 
     from hypothesis.internal.conjecture import engine
 
-    target = write(tmp_path, "writes_grad", with_rope('''
-        class _Rope(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x, positions):
-                ctx.save_for_backward(positions)
-                return correct_rope(x, positions)
-
-            @staticmethod
-            def backward(ctx, g):
-                (positions,) = ctx.saved_tensors
-                g.copy_(correct_rope(g, -positions))
-                return g, None
-
-
-        def rope(x, positions):
-            return _Rope.apply(x, positions)
-    '''))
+    target = write(tmp_path, "writes_grad", WRITES_GRAD)
 
     def verdict(name):
         record = tmp_path / f"{name}.json"
