@@ -1,7 +1,8 @@
 """Accuracy against position: the error profile and the accuracy horizon.
 
 One call at positions 0, 1, 2, 3, 2^k and 3 * 2^(k-1) up to 2^24 (the smallest head size
-drawn, or the declared rotary dimension: the horizon is set by the theta_0 = 1 pair). For
+drawn, or the declared rotary dimension: the horizon is set by the theta_0 = 1 pair; one
+model's head size in a one-model run, up to the positions its table holds). For
 each position: the largest error in units of the full tolerance model and in units of the
 *strict* bound (arithmetic only, no float32 angle allowance). The horizon is the largest
 position up to which every probed position meets the strict bound: how far the target
@@ -16,7 +17,7 @@ import torch
 import ropecheck.reference as reference
 from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.interface import CallError
-from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, max_position_for
+from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
 
 SWEEP_HEADS = 4
 
@@ -40,11 +41,12 @@ def _magnitudes(x64: np.ndarray, convention) -> np.ndarray:
 
 def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
-    head_dim = ctx.target.rotary_dim or FREE_HEAD_DIMS[0]
-    positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :]
-    case = Case(
-        ctx.dtype, 1, positions.shape[1], SWEEP_HEADS, head_dim, tuple(map(tuple, positions.tolist())), seed=12345
-    )
+    if ctx.sizes.model:  # one model's head size and heads (a compiled model is handed no other)
+        head_dim, heads = head_dim_choices(ctx.target.rotary_dim, ctx.sizes)[0], max(ctx.sizes.heads)
+    else:
+        head_dim, heads = ctx.target.rotary_dim or FREE_HEAD_DIMS[0], SWEEP_HEADS
+    positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :].copy()  # strides of its own
+    case = Case(ctx.dtype, 1, positions.shape[1], heads, head_dim, tuple(map(tuple, positions.tolist())), seed=12345)
     x = case.tensor()
     rows = ctx.target.row_offsets  # per-row offsets only: one token per row
     try:

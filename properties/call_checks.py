@@ -135,8 +135,12 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
     )
     if ctx.convention is not None and ctx.convention.dynamic:
         return repeat  # decode calls see shorter sequences: other theta, by design
-    pieces = [f64(ctx, x[:, :split], p[:, :split])] if split else []
-    pieces += [f64(ctx, x[:, t : t + 1], p[:, t : t + 1]) for t in range(split, case.seq)]
+
+    def piece(x, p):  # views of x; one model's calls get tensors of their own, as a compiled model is handed
+        return (x.clone(memory_format=torch.contiguous_format), p.copy()) if ctx.sizes.model else (x, p)
+
+    pieces = [f64(ctx, *piece(x[:, :split], p[:, :split]))] if split else []
+    pieces += [f64(ctx, *piece(x[:, t : t + 1], p[:, t : t + 1])) for t in range(split, case.seq)]
     stepwise = np.concatenate(pieces, axis=1)
     # A split may take another path (a decode kernel), so it gets the full allowance.
     bound = 2 * eps(ctx, p) * norms + ctx.model.floor

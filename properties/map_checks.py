@@ -95,7 +95,11 @@ def _odd_head_agrees(ctx: Context, case: Case) -> float:
 
 def _layouts_probe(ctx: Context) -> list:
     """One small input per exotic memory layout, and an odd head size when the rotary
-    dimension is partial (every head size a model uses is even)."""
+    dimension is partial (every head size a model uses is even). None in a one-model run
+    (``Sizes.one_model``): a compiled or captured model is handed one layout and one head
+    size; the eager run probes the others."""
+    if ctx.sizes.model:
+        return []
     r = ctx.target.rotary_dim
     p = np.minimum(np.array([[0, 1, 2], [4097, 4098, 4099]]), ctx.max_position)
     base = Case(ctx.dtype, 2, 3, 2, r or FREE_HEAD_DIMS[0], tuple(map(tuple, p.tolist())), seed=11)

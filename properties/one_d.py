@@ -103,8 +103,19 @@ def for_interface(case: Case, target: Subject) -> Case:
     return case
 
 
-def _one_d_cases(prop, ctx: Context):
+def _case_options(prop, ctx: Context) -> dict:
+    """What the property's cases take. In one model's run (``Sizes.one_model``) a call that
+    records for backward has a sequence longer than one token, as a training step has: a
+    single token is decode's, an inference call, and a compiled backward of it is a graph
+    no trainer makes (dynamo specialises a size of 1)."""
     options = dict(prop.case_options)
+    if ctx.sizes.model and prop.needs_backward:
+        options["min_seq"] = max(options.get("min_seq", 1), 2)
+    return options
+
+
+def _one_d_cases(prop, ctx: Context):
+    options = _case_options(prop, ctx)
     options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
     options.update(interface_draws(ctx.target, options.pop("memory", MEMORY_LAYOUTS)))
     return cases(
@@ -118,8 +129,7 @@ def _one_d_cases(prop, ctx: Context):
     )
 
 
-def _example_fits(prop, case) -> bool:
-    options = prop.case_options
+def _example_fits(options: dict, case) -> bool:
     return (
         case.batch >= options.get("min_batch", 1)
         and options.get("min_seq", 1) <= case.seq <= options.get("max_seq", case.seq)
@@ -130,7 +140,7 @@ def _example_fits(prop, case) -> bool:
 def _fixed_inputs(prop, ctx: Context) -> list:
     """The fixed inputs: the critical cases, and the large ones for a property that
     promises to try them; in the target's call form, within its position range."""
-    call, r = ctx.target.call, ctx.target.rotary_dim
+    call, r, options = ctx.target.call, ctx.target.rotary_dim, _case_options(prop, ctx)
     fixed = critical_cases(ctx.dtype, r, call)
     if ctx.convention is not None:  # calls of a length just below, at and above each switch
         fixed += switch_cases(ctx.dtype, ctx.convention.scaling.switches(), r, call)
@@ -142,16 +152,16 @@ def _fixed_inputs(prop, ctx: Context) -> list:
         fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
     fixed = [for_interface(case, ctx.target) for case in fixed]
     if ctx.sizes.model:  # one model's shapes (the huge input keeps its own: past 2^31 elements)
-        layouts = interface_draws(ctx.target, prop.case_options.get("memory", MEMORY_LAYOUTS))["memory"]
+        layouts = interface_draws(ctx.target, options.get("memory", MEMORY_LAYOUTS))["memory"]
         fixed = [for_model(case, ctx.sizes, r, layouts) for case in fixed]
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
         fixed.append(for_interface(huge_case(ctx.dtype, r, call), ctx.target))
     out = []
     for case in fixed:
-        if not _example_fits(prop, case) or (ctx.target.row_offsets and not counts_up(case)):
+        if not _example_fits(options, case) or (ctx.target.row_offsets and not counts_up(case)):
             continue
         p = case.positions_array()
-        if prop.case_options.get("positions", True) is False:
+        if options.get("positions", True) is False:
             case = case.with_positions(np.zeros_like(p))
             if call == "packed":  # sequences of one token each
                 case = replace(case, lengths=(1,) * case.seq)

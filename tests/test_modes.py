@@ -153,9 +153,12 @@ def test_one_process_keeps_one_compiled_target_across_its_executions():
 
 def test_a_compile_run_compiles_one_model_not_one_graph_per_drawn_shape():
     """No recompile storm: the checks of a compile run draw one model's shapes, so a whole ci
-    run of the correct kernel compiles a handful of graphs (the static ones, inference,
-    training, the exotic layouts the contract probes), where drawing every head size,
-    layout and dtype compiled over a hundred and hit dynamo's recompile limit."""
+    run of the correct kernel compiles a handful of graphs: the static ones, one for
+    inference and two for training (a batch of 1 specialised; a training call's sequence
+    is longer than a token). Drawing every head size, layout and dtype compiled over a
+    hundred and hit dynamo's recompile limit; one model's run that still probed exotic
+    layouts, swept accuracy at another head size, fed decode calls views (their strides)
+    and trained on single tokens compiled 12."""
     from torch._dynamo.utils import counters
 
     from tests import mode_kernels
@@ -165,7 +168,7 @@ def test_a_compile_run_compiles_one_model_not_one_graph_per_drawn_shape():
     report = ropecheck.check(mode_kernels.correct, layout="half", dtypes=["float32"], profile="ci",
                              modes=["compile"], in_process=True)
     assert report.passed, report
-    assert counters["stats"]["unique_graphs"] <= 16, dict(counters["stats"])
+    assert counters["stats"]["unique_graphs"] <= modes.STATIC_SIGNATURES + 1 + 2, dict(counters["stats"])
     assert not any("recompile limit" in message for message, _ in report.session.compile_notes)
 
 
