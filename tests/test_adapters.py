@@ -4,6 +4,7 @@ say why, with the install hint, instead of crashing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,11 @@ from ropecheck.targets.target import Convention
 QUICK = RunOptions(profile="ci", max_examples=4, timeout=120)
 SLOW = {n for n in ADAPTERS if n.startswith(("flash-attn-rotary", "liger-kernel", "flash-attn-apply", "liger-rotary",
                                               "ropecheck-cache-rope"))}  # interpreter
+# The fixed large inputs (fixed_cases.large_cases: 2^14 and 2^15 + 1 tokens x heads) take
+# most of an interpreted Triton adapter's test (40 s of 45): they are tried on one adapter
+# per kernel and layout, which the others call through wrappers of their own; their wiring is checked at
+# the drawn and critical inputs.
+LARGE_INPUTS_ON = {"flash-attn-rotary", "flash-attn-rotary-interleaved", "liger-kernel", "ropecheck-cache-rope"}
 KNOWN = known_failures.load()
 ONE_D = sorted(n for n, a in ADAPTERS.items() if a.family == "rope")  # N-D ones: tests/test_nd_checks.py
 
@@ -31,8 +37,11 @@ def test_adapter_agrees_with_reference_or_says_why_not(name):
             load(name)
         pytest.skip(why)
     target = load(name)
+    reference = PROPERTIES["reference"]
+    if name in SLOW and name not in LARGE_INPUTS_ON:
+        reference = replace(reference, large=0)  # its kernel had them in LARGE_INPUTS_ON's test
     options = RunOptions(profile="ci", max_examples=2, timeout=300) if name in SLOW else QUICK
-    result = run_property(PROPERTIES["reference"], target, "float32", options)
+    result = run_property(reference, target, "float32", options)
     result = known_failures.apply(name, [result], KNOWN)[0]
     assert result.status in ("passed", "known"), f"{name}: {result.message}"
 
