@@ -355,3 +355,19 @@ def test_declared_optional_k_is_called_without_k():
     """A kernel that needs k, declared k_optional: the k=None calls must find it out."""
     session = run_declared(kernels.qk_correct, call="qk", k_optional=True)
     assert session.verdict == "failed"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_finite_output_check_sees_every_inf_and_nan_and_no_overflowing_sum(dtype):
+    """validate looks at the sum first: finite, no inf or nan among the terms; an inf or a
+    nan anywhere, or finite values whose sum overflows, take the element-wise look."""
+    from ropecheck.calling.caller import validate
+    from ropecheck.properties.interface import CallError
+
+    big = torch.full((4, 64, 2, 8), torch.finfo(dtype).max / 2, dtype=dtype)  # its sum is inf
+    validate(big, big)
+    for bad, at in ((float("inf"), (1, 2, 0, 3)), (float("-inf"), (3, 63, 1, 7)), (float("nan"), (0, 0, 0, 0))):
+        y = torch.randn(4, 64, 2, 8, dtype=dtype)
+        y[at] = bad
+        with pytest.raises(CallError, match=rf"non-finite output .* at index \({', '.join(map(str, at))}\)"):
+            validate(y, y.clone().nan_to_num_())
