@@ -270,8 +270,8 @@ class Case:
             for rows, chunk in self._chunks(salt):
                 flat[rows] = torch.from_numpy(chunk)
             return self._laid_out(v, memory)
-        v = self.values(salt) if values is None else np.asarray(values, np.float64)
-        return self._laid_out(torch.tensor(v, dtype=torch_dtype(self.dtype)), memory)  # a copy of its own
+        drawn = self.values(salt) if values is None else np.asarray(values, np.float64)
+        return self._laid_out(torch.tensor(drawn, dtype=torch_dtype(self.dtype)), memory)  # a copy of its own
 
     def _laid_out(self, v: torch.Tensor, memory: str | None) -> torch.Tensor:
         layout = memory or self.memory

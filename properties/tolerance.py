@@ -249,11 +249,11 @@ class ErrorModel:
         declared convention: the pair bound with the per-frequency angle allowance on
         rotated features; one output rounding on pass-through features. ``seq_len``: the
         whole call's, when x64 and positions are a chunk of it."""
-        from ropecheck.reference import pair_indices
+        from ropecheck.reference import pair_slices
 
         x64 = np.asarray(x64, dtype=np.float64)
         head_dim = x64.shape[-1]
-        i, j = pair_indices(convention.rotary_dim_for(head_dim), convention.layout)
+        i, j = pair_slices(convention.rotary_dim_for(head_dim), convention.layout)
         rho = np.hypot(x64[..., i], x64[..., j])
         dphi = self.declared_angle_error(positions, convention, head_dim, seq_len)[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)

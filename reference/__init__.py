@@ -1,6 +1,6 @@
 """Float64 reference implementations of rotary position embeddings (numpy/scipy).
 
-- ``reference.rope``: the core (inv_freq, angles, pair_indices, apply_rope, pair_norms)
+- ``reference.rope``: the core (inv_freq, angles, pair_indices, pair_slices, apply_rope, pair_norms)
 - ``reference.forms``: the seeds' equivalent forms (matrix / expm, complex, elementwise, rotate_half)
 - ``reference.sinusoidal``: additive sinusoidal encoding, a negative control
 - ``reference.highprec``: mpmath RoPE that judges the float64 reference's accuracy
@@ -27,6 +27,7 @@ from ropecheck.reference.rope import (
     inv_freq,
     pair_indices,
     pair_norms,
+    pair_slices,
 )
 from ropecheck.reference.sinusoidal import apply_sinusoidal, sinusoidal_encoding
 
@@ -42,6 +43,7 @@ __all__ = [
     "generator",
     "inv_freq",
     "pair_indices",
+    "pair_slices",
     "pair_norms",
     "rope_complex_form",
     "rope_elementwise_form",
