@@ -8,5 +8,5 @@ mkdir -p out
 .venv/bin/ruff check
 .venv/bin/ruff format --check
 .venv/bin/mypy
-.venv/bin/python -m pytest -q -n 2 --junitxml=out/selftest.xml
+.venv/bin/python -m pytest -q -n 2 --durations=20 --junitxml=out/selftest.xml  # the 20 slowest tests listed
 .venv/bin/ropecheck check --profile ci --json out/ropecheck.json --junit out/ropecheck.xml
