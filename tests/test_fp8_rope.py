@@ -45,7 +45,8 @@ def test_a_correct_fp8_kernel_passes(name, options):
 BROKEN = [
     ("fp8_scale_twice", {}, "reference", "against the float64 reference"),
     ("fp8_q_scale_for_k", {}, "reference", "k's head"),
-    ("fp8_q_scale_for_k", PARTIAL, "reference", "k_nope_out at token"),
+    # q's scale on k spoils k's rotated part and its pass-through part: either finding names k
+    ("fp8_q_scale_for_k", PARTIAL, "reference", ("k_nope_out at token", "k's head")),
     ("fp8_nope_rotated", PARTIAL, "reference", "q_nope_out at token"),
     ("fp8_nope_unscaled", PARTIAL, "reference", "saturate(q_nope * quant_scale_q"),
     ("fp8_no_saturation", {}, "fp8-saturation", "must saturate to +-"),
@@ -62,7 +63,7 @@ def test_a_broken_fp8_kernel_fails(name, options, prop, words):
     failed = {r.dtype for r in report.failures if r.property == prop}
     assert failed == {"float32", "bfloat16"}, [(r.property, r.dtype, r.status) for r in report.results]
     text = " ".join(f"{r.message} {r.diagnosis} {r.counterexample}" for r in report.failures)
-    assert words in text, text
+    assert any(w in text for w in ((words,) if isinstance(words, str) else words)), text
 
 
 def test_a_nope_finding_names_the_tensor_token_head_and_scale():
