@@ -7,7 +7,6 @@ digits; only the final output is rounded to float64.  Python loops: small inputs
 
 from __future__ import annotations
 
-import mpmath
 import numpy as np
 
 from ropecheck.reference.rope import DEFAULT_BASE, check_layout, check_rotary_dim, pair_indices
@@ -27,6 +26,8 @@ def apply_rope_mpmath(
 
     ``theta`` (r/2 float64 values, taken as exact) overrides base^(-2i/r), as in apply_rope.
     """
+    import mpmath  # here, not at the top: a run that never asks for it does not pay its import (0.1 s)
+
     x = np.asarray(x, dtype=np.float64)
     m = np.asarray(positions)
     if not np.issubdtype(m.dtype, np.integer):

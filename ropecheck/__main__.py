@@ -12,9 +12,9 @@ def main() -> None:
     from ropecheck.calling import memory, spawn
 
     memory.keep_freed_memory()
-    spawn.prestart(sys.argv[1:], preload=("ropecheck.session.loading",))
-    from ropecheck.cli import entry
-
+    with memory.importing():
+        spawn.prestart(sys.argv[1:], preload=("ropecheck.session.loading",))
+        from ropecheck.cli import entry
     entry()
 
 

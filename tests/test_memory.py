@@ -38,3 +38,59 @@ def page_faults(mode: str) -> list:
 def test_a_freed_large_tensor_is_reused_without_page_faults():
     assert min(page_faults("default")[-3:]) > PAGES // 2  # every page faulted in again, every time
     assert max(page_faults("keep")[-3:]) < PAGES // 10  # the heap's freed memory, reused
+
+
+def test_importing_collects_nothing_inside_and_freezes_what_it_imported():
+    import gc
+
+    from ropecheck.calling import memory
+
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
+    try:
+        with memory.importing():
+            assert not gc.isenabled()
+            kept = [[] for _ in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+    finally:
+        gc.unfreeze()  # the test session's own objects go back to the collector
+        gc.enable()
+
+
+GC_TARGET = textwrap.dedent("""
+    import gc
+    import torch
+    def rope(x, positions):
+        if not gc.isenabled():  # the worker calls with the collector off: garbage would pile up
+            raise RuntimeError("the garbage collector is off during the call")
+        return x.clone()
+""")
+
+
+def test_the_ropecheck_command_calls_its_target_with_the_collector_on(tmp_path):
+    """The command imports with the collector off, and its zygote and workers are forked
+    then: the worker turns it back on once its target is loaded."""
+    (tmp_path / "gc_target.py").write_text(GC_TARGET)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ropecheck",
+            "check",
+            "gc_target.py:rope",
+            "--profile",
+            "ci",
+            "--dtype",
+            "float32",
+            "--property",
+            "statelessness",
+            "--max-examples",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "PASSED" in done.stdout, done.stdout + done.stderr

@@ -89,8 +89,19 @@ def test_a_checks_worker_is_forked_not_a_fresh_interpreter(tmp_path):
     from tests.test_cli import check
 
     before = os.times()
-    result = check(f"{KERNELS}:correct", "--layout", "half", "--dtype", "float32", "--profile", "ci",
-                   "--property", "identity", "--max-examples", "2")
+    result = check(
+        f"{KERNELS}:correct",
+        "--layout",
+        "half",
+        "--dtype",
+        "float32",
+        "--profile",
+        "ci",
+        "--property",
+        "identity",
+        "--max-examples",
+        "2",
+    )
     after = os.times()
     assert result.exit_code == 0, result.output
     children = (after.children_user + after.children_system) - (before.children_user + before.children_system)
@@ -100,7 +111,8 @@ def test_a_checks_worker_is_forked_not_a_fresh_interpreter(tmp_path):
 def test_an_eager_verdict_imports_no_sympy(tmp_path):
     """torch.autograd.grad's shape check imports torch's symbolic shapes and sympy (a
     second, more than a ci verdict's calls); an eager backward goes to autograd's engine
-    past it (``execution._grad``). Pinned in a fresh interpreter, --in-process, so that the
+    past it (``execution._grad``). mpmath (0.1 s), the float64 reference's own judge, is
+    imported only where it is used. Pinned in a fresh interpreter, --in-process, so that the
     calls run in the process looked at."""
     code = (
         "import sys\n"
@@ -109,7 +121,7 @@ def test_an_eager_verdict_imports_no_sympy(tmp_path):
         " '--dtype', 'float32', '--max-examples', '3', '--property', 'backward', '--property', 'inverse',"
         " '--in-process']\n"
         "try:\n    main()\nexcept SystemExit as end:\n    code = end.code\n"
-        "print('exit', code, 'sympy', 'sympy' in sys.modules, file=sys.stderr)\n"
+        "print('exit', code, 'sympy', 'sympy' in sys.modules, 'mpmath', 'mpmath' in sys.modules, file=sys.stderr)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert "exit 0 sympy False" in proc.stderr, proc.stdout + proc.stderr
+    assert "exit 0 sympy False mpmath False" in proc.stderr, proc.stdout + proc.stderr

@@ -115,7 +115,8 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     def on_load(message: Load) -> bool:
         sys.path[:] = message.path
         try:
-            fn, info = _resolve(message.loader)(*message.args)
+            with memory.importing():  # the target's imports; its calls then collect as usual
+                fn, info = _resolve(message.loader)(*message.args)
             state["execution"] = Execution(fn)
             reply(Loaded(info))
         except BaseException as exc:  # the loader's message, or whatever the import raised
