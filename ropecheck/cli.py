@@ -28,6 +28,7 @@ from ropecheck.report.output import (
     write_json,
     write_junit,
 )
+from ropecheck.session import helper
 from ropecheck.session.options import UsageError
 from ropecheck.session.prepare import prepare
 from ropecheck.session.spec import UnusableTarget, name_of
@@ -113,7 +114,7 @@ def check(options):
             def advance(result):
                 progress.update(task, advance=1, description=f"{result.property} ({result.dtype})")
 
-            session.run(advance)
+            session.run(advance, helper.start(session))
     except KeyboardInterrupt:
         fail(console, "interrupted", EXIT_FAILED, records)
     except Exception as exc:  # our own bug: say so plainly

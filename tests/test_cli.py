@@ -451,7 +451,7 @@ HELP_GROUPS = {
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
                "--scale-base", "--gamma"),
-    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize",
+    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize", "--jobs",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),
     "Baseline": ("--baseline", "--regression-factor", "--update-baseline"),

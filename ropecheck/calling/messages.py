@@ -28,9 +28,10 @@ class Load:
 
 @dataclass(frozen=True)
 class Call:
-    """Run one call of the loaded target."""
+    """Run one call of the loaded target; then poll awake ``spin`` seconds for the next."""
 
     request: Request
+    spin: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,29 @@ class Started(NamedTuple):
     output_log: Optional[str] = None  # where the worker's stdout and stderr go (None: the terminal, --debug)
 
 
+def fork(entry: str) -> Optional[Started]:
+    """A process forked from the zygote that runs ``entry`` ('module:function', called with
+    the fd of its end of the connection and its crash log's path) in place of a worker's
+    loop; None without a zygote. What it prints goes to a log file as a worker's does."""
+    if _zygote is None or not _zygote.alive():
+        return None
+    ours, theirs = socket.socketpair()
+    handle, crash_log = tempfile.mkstemp(prefix="ropecheck-helper-", suffix=".log")
+    os.close(handle)
+    out, output = tempfile.mkstemp(prefix="ropecheck-output-", suffix=".log")
+    try:
+        forked = _zygote.fork(theirs.fileno(), crash_log, out, entry)
+    finally:
+        os.close(out)
+        theirs.close()
+    if forked is None:
+        ours.close()
+        for log in (crash_log, output):
+            Path(log).unlink(missing_ok=True)
+        return None
+    return Started(forked, Connection(ours.detach()), crash_log, None, output)
+
+
 def start(preload: tuple = (), sanitize: Optional[str] = None) -> Started:
     """A process serving calls (``worker.serve``) on one end of a socket pair: forked from
     the zygote if there is one, else a fresh interpreter that imports the modules
@@ -192,10 +215,12 @@ class Zygote:
                 self.close()
                 return None
 
-    def fork(self, conn_fd: int, crash_log: str, output_fd: Optional[int]) -> Optional[Forked]:
-        """A worker serving calls on ``conn_fd`` (None: the zygote is gone)."""
+    def fork(self, conn_fd: int, crash_log: str, output_fd: Optional[int], entry: str = "") -> Optional[Forked]:
+        """A worker serving calls on ``conn_fd`` (None: the zygote is gone); ``entry``: a
+        'module:function' the process runs instead of the worker's ``serve`` (it gets the
+        same arguments: the connection's fd and the crash log's path)."""
         fds = (conn_fd,) if output_fd is None else (conn_fd, output_fd)
-        pid = self._ask(("fork", crash_log), fds)
+        pid = self._ask(("fork", crash_log, entry), fds)
         return None if pid is None else Forked(self, pid)
 
     def status(self, pid: int, timeout: Optional[float]) -> Optional[int]:
@@ -231,6 +256,11 @@ class Zygote:
             if pid:
                 return
             time.sleep(REAP_INTERVAL)
+
+
+def _resolve(entry: str):
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
@@ -285,7 +315,7 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 try:
-                    serve(fds[0], request[1])
+                    (_resolve(request[2]) if request[2] else serve)(fds[0], request[1])
                 finally:
                     os._exit(0)
             running.add(pid)
@@ -347,7 +377,7 @@ def take(sanitize: Optional[str] = None) -> Started:
         return start(sanitize=sanitize)
     started, _spare = _spare, None
     if started is not None and (started.output_log is None) != quiet.showing():
-        _stop(started)
+        stop(started)
         started = None
     return started or start()
 
@@ -356,12 +386,14 @@ def discard() -> None:
     """Stop the started worker nobody took (the run ended before loading a target)."""
     global _spare
     if _spare is not None:
-        _stop(_spare)
+        stop(_spare)
         _spare = None
 
 
-def _stop(started: Started) -> None:
-    started.proc.kill()
+def stop(started: Started) -> None:
+    """Kill the process if it still runs, reap it, close its connection, remove its logs."""
+    if started.proc.poll() is None:
+        started.proc.kill()
     started.proc.wait()
     started.conn.close()
     for log in (started.crash_log, started.output_log):

@@ -68,9 +68,18 @@ def _cores() -> int:
 SPIN = 0.002 if _cores() > 1 else 0.0
 
 
-def spin_until_ready(conn: Connection, timeout: Optional[float]) -> bool:
-    """conn.poll(timeout), polling without sleeping for the first SPIN seconds."""
-    spin = SPIN if timeout is None else min(SPIN, timeout)
+def spin(seconds: float) -> None:
+    """How long this process, and from their next call the workers it calls, poll awake
+    (SPIN): none while the run shares the cores with a helper (``ropecheck.session.helper``),
+    whose processes would wait for the core a spinning one holds."""
+    global SPIN
+    SPIN = seconds
+
+
+def spin_until_ready(conn: Connection, timeout: Optional[float], seconds: Optional[float] = None) -> bool:
+    """conn.poll(timeout), polling without sleeping for the first ``seconds`` (SPIN)."""
+    seconds = SPIN if seconds is None else seconds
+    spin = seconds if timeout is None else min(seconds, timeout)
     end = time.perf_counter() + spin
     while time.perf_counter() < end:
         if conn.poll(0):
@@ -100,7 +109,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     for module in preload:  # the loaders ropecheck will ask for, imported while it starts up
         importlib.import_module(module)
     conn = Connection(fd)
-    state: dict = {"execution": None}
+    state: dict = {"execution": None, "spin": SPIN}
 
     def reply(message):
         try:
@@ -130,6 +139,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         return True
 
     def on_call(message: Call) -> bool:
+        state["spin"] = message.spin
         outcome = state["execution"].run(message.request)
         poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
         if poisoned:
@@ -143,7 +153,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     handlers: dict[type, Callable[..., bool]] = {Load: on_load, Call: on_call}
     while True:
         try:
-            spin_until_ready(conn, None)
+            spin_until_ready(conn, None, state["spin"])
             message = pickle.loads(conn.recv_bytes())
         except EOFError:
             break
@@ -332,7 +342,7 @@ class Worker:
             except WorkerError as exc:
                 return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
         assert self.current is not None  # started above
-        self.current.conn.send_bytes(dumps(Call(request)))
+        self.current.conn.send_bytes(dumps(Call(request, SPIN)))
         reply = self.current.receive(request.timeout, during="during the call")
         if isinstance(reply, Failed):
             return Outcome(error=("type", reply.message))

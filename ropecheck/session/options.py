@@ -171,6 +171,11 @@ OPTIONS: tuple[Option, ...] = (
         f"{SANITIZE_EXAMPLES} examples per check (the sanitizer slows calls 10 to 100 times). Needs a CUDA device "
         "(--device cuda) and compute-sanitizer; exit 2 without them.",
         RUN, choices=TOOLS, flag_value="memcheck", families=TENSOR_FAMILIES, metavar="[TOOL]"),
+    Option("jobs",
+        "Processes the checks are shared among, each with its target's own worker; the verdicts are the same. "
+        "Default: 2 where the run can share (two cores or more; a worker, eager, on the CPU, not --sanitize), "
+        "else 1.",
+        RUN, at_least(1), api=False, pytest=False, reproduce=False, metavar="N"),
     Option("strict_layouts",
         "A refusal of an exotic memory layout (the layouts probe) fails instead of being a support note.", RUN,
         default=False, kind=SWITCH),

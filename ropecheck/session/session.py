@@ -22,6 +22,7 @@ from ropecheck.properties.runner import Result, RunOptions, run_property
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck.session import known_failures
 from ropecheck.session.options import Options
+from ropecheck.session.sharing import Share
 from ropecheck.targets.target import Target
 
 
@@ -189,23 +190,84 @@ class Session:
         self.stopped = f"the target hung in {name} ({dtype}{'' if mode == 'eager' else ', ' + mode})"
         return self._record(hung, on_result)
 
-    def run(self, on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
-        """Every row in every column, dtype by dtype; stops at a hang."""
+    def run(self, on_result: Callable[[Result], None] = lambda r: None, share: Optional[Share] = None) -> list[Result]:
+        """Every row in every column, dtype by dtype; stops at a hang. ``share``: the
+        checks shared with a helper process (``ropecheck.session.sharing``), each run once,
+        in either."""
         run_modes.run_notes(clear=True)
-        for dtype in self.dtypes:
-            running = (self.rows[0], position_range.FORMULA, "eager")
+        if share is not None:
             try:
-                self.target_for(dtype, on_result)
-                for mode in self.modes:
-                    for prop in self.properties:
-                        running = (prop.name, prop.formula, mode)
-                        self._record(self.check(prop, dtype, mode), on_result)
-            except TargetHung as exc:
-                self._hung(exc, *running[:2], dtype, running[2], on_result)
-                break
+                self._run_shared(share, on_result)
+            finally:
+                share.rows.close(remove=share.leads)
+        else:
+            for dtype in self.dtypes:
+                running = (self.rows[0], position_range.FORMULA, "eager")
+                try:
+                    self.target_for(dtype, on_result)
+                    for mode in self.modes:
+                        for prop in self.properties:
+                            running = (prop.name, prop.formula, mode)
+                            self._record(self.check(prop, dtype, mode), on_result)
+                except TargetHung as exc:
+                    self._hung(exc, *running[:2], dtype, running[2], on_result)
+                    break
         self.causes = group_causes(self.results)
         self.compile_notes = run_modes.run_notes()
         return self.results
+
+    @property
+    def checks(self) -> list[tuple[str, str, Property]]:
+        """(dtype, mode, property) of every check, in the order a run takes them."""
+        return [(dtype, mode, prop) for dtype in self.dtypes for mode in self.modes for prop in self.properties]
+
+    def _run_shared(self, share: Share, on_result: Callable[[Result], None]) -> None:
+        """The checks this process takes from ``share`` (the helper's results recorded as
+        they arrive); the leader then runs what the helper took and did not finish and
+        records the probes of every dtype, and the results are put in a run's order."""
+        checks, done = self.checks, set()
+
+        def record_arrived(arrived: list) -> None:
+            for index, result in arrived:
+                done.add(index)
+                self.results.append(result)
+                on_result(result)
+
+        def run_check(index: int) -> None:
+            dtype, mode, prop = checks[index]
+            running = (RANGE_PROBE, position_range.FORMULA, "eager")
+            try:
+                self.target_for(dtype, on_result if share.leads else lambda r: None)
+                running = (prop.name, prop.formula, mode)
+                result = self._record(self.check(prop, dtype, mode), on_result)
+            except TargetHung as exc:
+                result = self._hung(exc, *running[:2], dtype, running[2], on_result)
+                share.rows.stop(self.stopped or "")
+            done.add(index)
+            share.finished(index, result)
+
+        while (index := share.rows.claim()) is not None:
+            record_arrived(share.arrived())
+            run_check(index)
+        record_arrived(share.end())
+        if not share.leads:
+            return
+        for index in range(share.rows.taken):  # the helper's, if it died before finishing them
+            if index not in done and not share.rows.stopped:
+                run_check(index)
+        self.stopped = self.stopped or share.rows.stopped or None
+        if not self.stopped:
+            for dtype in self.dtypes:  # a dtype whose checks all ran in the helper
+                self.target_for(dtype, on_result)
+        order = {name: i for i, name in enumerate(self.rows)}
+        self.results.sort(
+            key=lambda r: (
+                self.dtypes.index(r.dtype) if r.dtype in self.dtypes else len(self.dtypes),
+                r.property != RANGE_PROBE,
+                self.modes.index(r.mode) if r.mode in self.modes else 0,
+                order.get(r.property, -1),
+            )
+        )
 
     @property
     def verdict(self) -> str:

@@ -1,0 +1,136 @@
+"""A run's checks shared with a helper process (``--jobs``, ``ropecheck.session.helper``):
+each check runs once, in one of the two, and the verdicts, results and counterexamples are
+those of the same run in one process; a helper that dies leaves its checks to ropecheck."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ropecheck.session.sharing import SharedRows
+
+MUTANTS = str(Path(__file__).with_name("mutants.py"))
+KERNELS = str(Path(__file__).with_name("mode_kernels.py"))
+
+
+def test_every_row_is_handed_out_once_until_the_run_stops():
+    rows = SharedRows.create(5)
+    other = SharedRows(rows.path, rows.count)  # the helper's view of the same rows
+    try:
+        taken = [rows.claim(), other.claim(), other.claim(), rows.claim()]
+        assert taken == [0, 1, 2, 3]
+        other.stop("the target hung in relativity (float32)")
+        assert rows.claim() is None and other.claim() is None  # row 4 is nobody's: the run stopped
+        rows.stop("a later reason")
+        assert rows.stopped == "the target hung in relativity (float32)" and rows.taken == 4
+    finally:
+        other.close()
+        rows.close(remove=True)
+    assert not os.path.exists(rows.path)
+
+
+def test_the_last_row_taken_ends_the_handing_out():
+    rows = SharedRows.create(2)
+    try:
+        assert [rows.claim(), rows.claim(), rows.claim()] == [0, 1, None]
+        assert rows.taken == 2 and rows.stopped == ""
+    finally:
+        rows.close(remove=True)
+
+
+def run_check(cwd, target: str, jobs: int, *args: str) -> dict:
+    out = Path(cwd) / f"jobs{jobs}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ropecheck", "check", target, "--layout", "half", "--jobs", str(jobs),
+         "--json", str(out), *args],
+        capture_output=True, text=True, timeout=600, cwd=cwd,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    record = json.loads(out.read_text())
+    record["exit"] = done.returncode
+    return record
+
+
+def compared(record: dict) -> list:
+    """What a result says, less the seconds it took."""
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in record["results"]]
+
+
+@pytest.mark.parametrize("kernel", ["correct", "wrong_base"])
+def test_a_shared_run_gives_the_results_of_the_same_run_in_one_process(tmp_path, kernel):
+    """The same seed, every dtype: each check's status, largest error, examples,
+    counterexample and reproduce line are the same with a helper as without (a wrong base
+    fails the same checks on the same minimal inputs)."""
+    source = KERNELS if kernel == "correct" else MUTANTS
+    args = ("--profile", "dev", "--seed", "7", "--max-examples", "8")
+    alone = run_check(tmp_path, f"{source}:{kernel}", 1, *args)
+    shared = run_check(tmp_path, f"{source}:{kernel}", 2, *args)
+    assert shared["exit"] == alone["exit"] == (0 if kernel == "correct" else 1)
+    assert compared(shared) == compared(alone)
+    assert len(alone["results"]) == 4 * 14  # the range probe and 13 properties in four dtypes
+
+
+COUNTING = textwrap.dedent("""
+    import os
+    from mode_kernels import correct  # copied beside this file
+
+    def rope(x, positions):
+        with open("calls-%d" % os.getpid(), "a") as log:
+            log.write(".")
+        return correct(x, positions)
+""")
+
+
+def test_the_helper_runs_checks_in_a_worker_of_its_own(tmp_path):
+    shutil.copy(KERNELS, tmp_path)
+    (tmp_path / "counting.py").write_text(COUNTING)
+    record = run_check(tmp_path, "counting.py:rope", 2, "--profile", "ci", "--dtype", "float32",
+                       "--dtype", "bfloat16", "--seed", "3", *("--property", "linearity", "--property", "relativity"),
+                       *("--property", "inverse", "--property", "backward"))  # fmt: skip
+    assert record["exit"] == 0
+    calls = sorted(len(p.read_text()) for p in tmp_path.glob("calls-*"))
+    assert len(calls) == 2, calls  # ropecheck's worker and the helper's
+    assert min(calls) > 20, calls  # both ran checks, not only their warm-up's few calls
+
+
+DYING_HELPER = textwrap.dedent("""
+    import os
+    import signal
+    from mode_kernels import correct  # copied beside this file
+
+    # The helper's worker loads the target second: on its 40th call it kills the helper
+    # (its parent's parent; its parent is the helper's zygote).
+    try:
+        os.close(os.open("first-load", os.O_CREAT | os.O_EXCL))
+        IN_HELPER = False
+    except FileExistsError:
+        IN_HELPER = True
+    CALLS = [0]
+
+    def rope(x, positions):
+        CALLS[0] += 1
+        if IN_HELPER and CALLS[0] == 40:
+            with open("/proc/%d/stat" % os.getppid()) as stat:
+                helper = int(stat.read().rsplit(")", 1)[1].split()[1])
+            os.kill(helper, signal.SIGKILL)
+        return correct(x, positions)
+""")
+
+
+def test_a_helper_that_dies_leaves_its_checks_to_ropecheck(tmp_path):
+    shutil.copy(KERNELS, tmp_path)
+    (tmp_path / "dying.py").write_text(DYING_HELPER)
+    args = ("--profile", "ci", "--dtype", "float32", "--dtype", "float16")
+    shared = run_check(tmp_path, "dying.py:rope", 2, *args)
+    assert (tmp_path / "first-load").exists()
+    (tmp_path / "first-load").unlink()
+    alone = run_check(tmp_path, "dying.py:rope", 1, *args)
+    assert shared["exit"] == alone["exit"] == 0
+    assert compared(shared) == compared(alone)
