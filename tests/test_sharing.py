@@ -20,27 +20,29 @@ MUTANTS = str(Path(__file__).with_name("mutants.py"))
 KERNELS = str(Path(__file__).with_name("mode_kernels.py"))
 
 
-def test_every_row_is_handed_out_once_until_the_run_stops():
-    rows = SharedRows.create(5)
+def test_every_row_is_handed_out_once_in_each_process_s_order_until_the_run_stops():
+    rows = SharedRows.create(6)
     other = SharedRows(rows.path, rows.count)  # the helper's view of the same rows
+    leader, helper = [4, 5, 0, 1, 2, 3], [0, 1, 2, 3]  # rows 4 and 5 are the leader's alone
     try:
-        taken = [rows.claim(), other.claim(), other.claim(), rows.claim()]
-        assert taken == [0, 1, 2, 3]
+        taken = [rows.claim(leader), other.claim(helper), other.claim(helper), rows.claim(leader), rows.claim(leader)]
+        assert taken == [4, 0, 1, 5, 2]
         other.stop("the target hung in relativity (float32)")
-        assert rows.claim() is None and other.claim() is None  # row 4 is nobody's: the run stopped
+        assert rows.claim(leader) is None and other.claim(helper) is None  # row 3 is nobody's: the run stopped
         rows.stop("a later reason")
-        assert rows.stopped == "the target hung in relativity (float32)" and rows.taken == 4
+        assert rows.stopped == "the target hung in relativity (float32)" and rows.taken == [0, 1, 2, 4, 5]
     finally:
         other.close()
         rows.close(remove=True)
     assert not os.path.exists(rows.path)
 
 
-def test_the_last_row_taken_ends_the_handing_out():
-    rows = SharedRows.create(2)
+def test_a_process_takes_nothing_outside_its_order():
+    rows = SharedRows.create(3)
     try:
-        assert [rows.claim(), rows.claim(), rows.claim()] == [0, 1, None]
-        assert rows.taken == 2 and rows.stopped == ""
+        assert [rows.claim([0, 2]), rows.claim([0, 2]), rows.claim([0, 2])] == [0, 2, None]
+        assert rows.claim([0, 1, 2]) == 1 and rows.claim([0, 1, 2]) is None
+        assert rows.taken == [0, 1, 2] and rows.stopped == ""
     finally:
         rows.close(remove=True)
 
@@ -134,3 +136,14 @@ def test_a_helper_that_dies_leaves_its_checks_to_ropecheck(tmp_path):
     alone = run_check(tmp_path, "dying.py:rope", 1, *args)
     assert shared["exit"] == alone["exit"] == 0
     assert compared(shared) == compared(alone)
+
+
+def test_a_mode_run_per_process_stays_in_ropecheck_and_the_eager_checks_are_shared(tmp_path):
+    """A helper takes eager checks only (a compiled model is one per process); ropecheck
+    takes the other mode's first. The results are those of the run in one process."""
+    args = ("--profile", "ci", "--dtype", "float32", "--mode", "eager", "--mode", "autocast", "--max-examples", "5")
+    alone = run_check(tmp_path, f"{KERNELS}:matmul_angles", 1, *args)
+    shared = run_check(tmp_path, f"{KERNELS}:matmul_angles", 2, *args)
+    assert shared["exit"] == alone["exit"] == 1  # right in eager, wrong under autocast
+    assert compared(shared) == compared(alone)
+    assert {r["mode"] for r in alone["results"]} == {"eager", "autocast"}

@@ -10,8 +10,10 @@ once, in one of the two, with the inputs its seed draws there as here. Its resul
 back over a socket as they finish; ropecheck records them, and the position-range probes.
 
 A helper is used where it pays and changes nothing else: the ``ropecheck`` command (its
-zygote), a target in a worker (the helper loads its own), eager calls on the CPU (a compiled
-model, or a GPU, is one per process), no compute-sanitizer, two cores or more. While one
+zygote), a target in a worker (the helper loads its own), on the CPU (a GPU is one per
+machine), no compute-sanitizer, two cores or more. It takes eager checks only: a compiled
+model is one per process, so the checks of a compiling mode stay in ropecheck's process,
+which takes them first. While one
 runs, no process of the run polls awake for an answer (``worker.spin``): four processes
 share the cores.
 """
@@ -51,6 +53,22 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+# The modes a helper runs checks in: a compiled model (or a CUDA graph) is one per process,
+# so those checks stay in ropecheck's process, which takes them first.
+HELPER_MODES = ("eager",)
+
+
+def helper_rows(session: Session) -> list[int]:
+    """The rows (``session.checks``) a helper may take, in a run's order."""
+    return [i for i, (_, mode, _) in enumerate(session.checks) if mode in HELPER_MODES]
+
+
+def leader_rows(session: Session) -> list[int]:
+    """Every row, those only ropecheck's process runs first."""
+    shared = helper_rows(session)
+    return [i for i in range(len(session.checks)) if i not in shared] + shared
+
+
 def jobs_for(session: Session) -> int:
     """Processes ``session``'s checks are shared among: --jobs, or DEFAULT_JOBS (the
     command line's option; the other front doors run alone); 1 where a helper cannot run
@@ -62,10 +80,9 @@ def jobs_for(session: Session) -> int:
     shareable = (
         isinstance(options.target, (str, type(None)))  # a helper loads it by name
         and session.target.executor is not None  # a worker, not this process
-        and session.modes == ["eager"]
         and session.target.device == "cpu"
         and not options.sanitize
-        and len(session.checks) > 1
+        and len(helper_rows(session)) > 1
     )
     return jobs if shareable else 1
 
@@ -93,8 +110,8 @@ class Leading(Share):
 
     leads = True
 
-    def __init__(self, rows: SharedRows, helpers: list, jobs: int):
-        super().__init__(rows)
+    def __init__(self, rows: SharedRows, order: list[int], helpers: list, jobs: int):
+        super().__init__(rows, order)
         self.helpers = helpers  # spawn.Started, each sent its Job
         self.failures: list = []  # the tracebacks of helpers that failed (shown with --debug)
         self.threads = torch.get_num_threads()  # this process's own, given back at the end
@@ -188,14 +205,14 @@ def start(session: Session) -> Optional[Share]:
     if not helpers:
         rows.close(remove=True)
         return None
-    return Leading(rows, helpers, jobs)
+    return Leading(rows, leader_rows(session), helpers, jobs)
 
 
 class _Sending(Share):
     """A helper's side: each result sent to ropecheck as it finishes."""
 
-    def __init__(self, rows: SharedRows, conn: Connection):
-        super().__init__(rows)
+    def __init__(self, rows: SharedRows, order: list[int], conn: Connection):
+        super().__init__(rows, order)
         self.conn = conn
 
     def finished(self, index: int, result) -> None:
@@ -219,7 +236,7 @@ def serve(fd: int, crash_log: str) -> None:
         session = prepare(Options(*job.options), seed=job.seed)
         if named(session) != job.checks:  # its warm-up found other dtypes callable: rows would differ
             raise RuntimeError(f"the helper's checks differ from ropecheck's: {named(session)} != {job.checks}")
-        session.run(share=_Sending(SharedRows(job.rows, len(job.checks)), conn))
+        session.run(share=_Sending(SharedRows(job.rows, len(job.checks)), helper_rows(session), conn))
         conn.send_bytes(pickle.dumps(("done",)))
     except BaseException:
         try:

@@ -246,13 +246,13 @@ class Session:
             done.add(index)
             share.finished(index, result)
 
-        while (index := share.rows.claim()) is not None:
+        while (index := share.rows.claim(share.order)) is not None:
             record_arrived(share.arrived())
             run_check(index)
         record_arrived(share.end())
         if not share.leads:
             return
-        for index in range(share.rows.taken):  # the helper's, if it died before finishing them
+        for index in share.rows.taken:  # the helper's, if it died before finishing them
             if index not in done and not share.rows.stopped:
                 run_check(index)
         self.stopped = self.stopped or share.rows.stopped or None

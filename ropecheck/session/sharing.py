@@ -14,16 +14,15 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
-from typing import Optional
+from typing import Iterable, Optional
 
 from ropecheck.properties.runner import Result
-
-_NEXT = 8  # bytes of the next row's number, at the start of the file; why the run stopped follows
 
 
 class SharedRows:
     """Rows 0 .. count - 1 handed out once each, to whichever process asks first; and why
-    the run stopped (a hang: no row is handed out after it), if it did."""
+    the run stopped (a hang: no row is handed out after it), if it did. The file holds a
+    byte per row (1: taken) and then the reason."""
 
     def __init__(self, path: str, count: int):
         self.path, self.count = path, count
@@ -32,31 +31,34 @@ class SharedRows:
     @classmethod
     def create(cls, count: int) -> "SharedRows":
         handle, path = tempfile.mkstemp(prefix="ropecheck-rows-")
-        os.write(handle, (0).to_bytes(_NEXT, "little"))
+        os.write(handle, bytes(count))
         os.close(handle)
         return cls(path, count)
 
-    def _locked(self, change=None) -> tuple[int, str]:
+    def _locked(self, change=None) -> tuple[bytearray, str]:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            data = os.pread(self.fd, 4096, 0)
-            taken, stopped = int.from_bytes(data[:_NEXT], "little"), data[_NEXT:].decode()
+            data = os.pread(self.fd, self.count + 4096, 0)
+            taken, stopped = bytearray(data[: self.count]), data[self.count :].decode()
             if change is not None:
                 taken, stopped = change(taken, stopped)
-                os.pwrite(self.fd, taken.to_bytes(_NEXT, "little") + stopped.encode(), 0)
+                os.pwrite(self.fd, bytes(taken) + stopped.encode(), 0)
             return taken, stopped
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
-    def claim(self) -> Optional[int]:
-        """The next row nobody has taken (now this process's), or None: all taken, or stopped."""
+    def claim(self, order: Iterable[int]) -> Optional[int]:
+        """The first row of ``order`` nobody has taken (now this process's), or None: all
+        taken, or the run stopped."""
         claimed: list = []
 
-        def take(taken: int, stopped: str) -> tuple[int, str]:
-            if stopped or taken >= self.count:
-                return taken, stopped
-            claimed.append(taken)
-            return taken + 1, stopped
+        def take(taken: bytearray, stopped: str) -> tuple[bytearray, str]:
+            if not stopped:
+                free = next((i for i in order if not taken[i]), None)
+                if free is not None:
+                    taken[free] = 1
+                    claimed.append(free)
+            return taken, stopped
 
         self._locked(take)
         return claimed[0] if claimed else None
@@ -66,8 +68,9 @@ class SharedRows:
         self._locked(lambda taken, stopped: (taken, stopped or why))
 
     @property
-    def taken(self) -> int:
-        return self._locked()[0]
+    def taken(self) -> list[int]:
+        """The rows taken so far, by either process."""
+        return [i for i, flag in enumerate(self._locked()[0]) if flag]
 
     @property
     def stopped(self) -> str:
@@ -85,8 +88,9 @@ class Share:
 
     leads = False  # the leading process records the probes and finishes what the helper left
 
-    def __init__(self, rows: SharedRows):
+    def __init__(self, rows: SharedRows, order: list[int]):
         self.rows = rows
+        self.order = order  # the rows this process takes, in the order it takes them
 
     def finished(self, index: int, result: Result) -> None:
         """Row ``index`` ran here, with this result."""
