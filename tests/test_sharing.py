@@ -147,3 +147,17 @@ def test_a_mode_run_per_process_stays_in_ropecheck_and_the_eager_checks_are_shar
     assert shared["exit"] == alone["exit"] == 1  # right in eager, wrong under autocast
     assert compared(shared) == compared(alone)
     assert {r["mode"] for r in alone["results"]} == {"eager", "autocast"}
+
+
+def test_ropecheck_takes_rows_in_a_run_s_order_and_a_helper_from_the_last_one_back():
+    """ropecheck's own checks then meet a stateful target in the state a run alone leaves
+    it in; the checks of a compiling mode are ropecheck's alone, and first."""
+    from types import SimpleNamespace
+
+    from ropecheck.session.helper import helper_rows, leader_rows
+
+    props = [SimpleNamespace(name=n) for n in ("identity", "inverse")]
+    checks = [(d, m, p) for d in ("float32", "bfloat16") for m in ("eager", "compile") for p in props]
+    session = SimpleNamespace(checks=checks)
+    assert leader_rows(session) == [2, 3, 6, 7, 0, 1, 4, 5]
+    assert helper_rows(session) == [5, 4, 1, 0]

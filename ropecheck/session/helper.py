@@ -58,15 +58,24 @@ def _cores() -> int:
 HELPER_MODES = ("eager",)
 
 
-def helper_rows(session: Session) -> list[int]:
+def shared_rows(session: Session) -> list[int]:
     """The rows (``session.checks``) a helper may take, in a run's order."""
     return [i for i, (_, mode, _) in enumerate(session.checks) if mode in HELPER_MODES]
 
 
 def leader_rows(session: Session) -> list[int]:
-    """Every row, those only ropecheck's process runs first."""
-    shared = helper_rows(session)
+    """ropecheck's order: the rows only it runs, then the shared ones in a run's order. So
+    the checks it runs see the calls they see in a run alone: a target that keeps state
+    from call to call (a cache, a dynamic rescaling) meets each of them in the state it
+    would be in without a helper."""
+    shared = shared_rows(session)
     return [i for i in range(len(session.checks)) if i not in shared] + shared
+
+
+def helper_rows(session: Session) -> list[int]:
+    """A helper's order: the shared rows from the last one back, so that the two meet in
+    the middle and only the rows past that point see another history."""
+    return shared_rows(session)[::-1]
 
 
 def jobs_for(session: Session) -> int:
@@ -82,7 +91,7 @@ def jobs_for(session: Session) -> int:
         and session.target.executor is not None  # a worker, not this process
         and session.target.device == "cpu"
         and not options.sanitize
-        and len(helper_rows(session)) > 1
+        and len(shared_rows(session)) > 1
     )
     return jobs if shareable else 1
 
