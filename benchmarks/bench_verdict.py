@@ -1,8 +1,9 @@
 """Wall time of a whole verdict, as a user runs it: ``ropecheck check TARGET --profile ci
---dtype float32`` in a fresh process, with the target in its worker process (the default)
-and in ropecheck's own process (``--in-process``), side by side in one session. The ratio
-of the two medians is what crash isolation costs: one more Python + torch start and a
-pipe round trip per call.
+--dtype float32`` in a fresh process, with the target in its worker process and the checks
+shared with a helper (the default), in its worker alone (``--jobs 1``) and in ropecheck's
+own process (``--in-process``), side by side in one session. The ratio of the last two
+medians is what crash isolation costs: a pipe round trip per call; the first two, what
+the helper gains.
 
 Run:  python -m pytest benchmarks/bench_verdict.py --benchmark-enable -p no:cacheprovider
 (``--benchmark-group-by=param:target`` puts each target's two modes together).
@@ -19,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("rotate-half", "llama-complex", "cached")
-MODES = {"worker": (), "in-process": ("--in-process",)}
+MODES = {"worker": (), "worker-alone": ("--jobs", "1"), "in-process": ("--in-process",)}
 
 
 def verdict(target: str, mode: str) -> int:

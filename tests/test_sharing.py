@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,51 @@ def test_ropecheck_takes_rows_in_a_run_s_order_and_a_helper_from_the_last_one_ba
     session = SimpleNamespace(checks=checks)
     assert leader_rows(session) == [2, 3, 6, 7, 0, 1, 4, 5]
     assert helper_rows(session) == [5, 4, 1, 0]
+
+
+SLOW = textwrap.dedent("""
+    import time
+    from mode_kernels import correct  # copied beside this file
+
+    def rope(x, positions):
+        time.sleep(0.005)
+        return correct(x, positions)
+""")
+
+
+def processes_with(word: str) -> list:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and word in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_ctrl_c_on_a_shared_run_ends_every_process_of_it(tmp_path):
+    """ropecheck, its zygote and worker, the helper, the helper's zygote and worker: the
+    forked ones carry ropecheck's command line, so none may be left once it has ended."""
+    shutil.copy(KERNELS, tmp_path)
+    word = f"slow_{os.getpid()}"
+    (tmp_path / f"{word}.py").write_text(SLOW)
+    proc = subprocess.Popen([sys.executable, "-m", "ropecheck", "check", f"{word}.py:rope", "--layout", "half"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        for _ in range(600):  # until the helper's worker runs (six processes)
+            if len(processes_with(word)) >= 6:
+                break
+            time.sleep(0.05)
+        assert len(processes_with(word)) >= 6, processes_with(word)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "interrupted" in out, out
+    for _ in range(100):
+        if not processes_with(word):
+            break
+        time.sleep(0.1)
+    assert processes_with(word) == []

@@ -63,22 +63,25 @@ class Started(NamedTuple):
 def fork(entry: str) -> Optional[Started]:
     """A process forked from the zygote that runs ``entry`` ('module:function', called with
     the fd of its end of the connection and its crash log's path) in place of a worker's
-    loop; None without a zygote. What it prints goes to a log file as a worker's does."""
+    loop; None without a zygote. What it prints goes to a log file as a worker's does
+    (to the terminal with --debug)."""
     if _zygote is None or not _zygote.alive():
         return None
     ours, theirs = socket.socketpair()
     handle, crash_log = tempfile.mkstemp(prefix="ropecheck-helper-", suffix=".log")
     os.close(handle)
-    out, output = tempfile.mkstemp(prefix="ropecheck-output-", suffix=".log")
+    out, output = tempfile.mkstemp(prefix="ropecheck-output-", suffix=".log") if not quiet.showing() else (None, None)
     try:
         forked = _zygote.fork(theirs.fileno(), crash_log, out, entry)
     finally:
-        os.close(out)
+        if out is not None:
+            os.close(out)
         theirs.close()
     if forked is None:
         ours.close()
         for log in (crash_log, output):
-            Path(log).unlink(missing_ok=True)
+            if log is not None:
+                Path(log).unlink(missing_ok=True)
         return None
     return Started(forked, Connection(ours.detach()), crash_log, None, output)
 

@@ -156,20 +156,27 @@ class Leading(Share):
         for helper in list(self.helpers):
             out += self._read(helper, block=True)[0]
             self._end(helper)
-        worker.spin(SPIN_ALONE)
-        torch.set_num_threads(self.threads)
         if quiet.showing():
             for failure in self.failures:
                 print(f"ropecheck: a helper process failed; its checks ran here:\n{failure}", file=sys.stderr)
         return out
 
-    def _end(self, helper: spawn.Started) -> None:
+    def _end(self, helper: spawn.Started, wait: float = EXIT_WAIT) -> None:
         self.helpers.remove(helper)
         try:
-            helper.proc.wait(timeout=EXIT_WAIT)
+            helper.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             pass
         spawn.stop(helper)
+
+    def close(self) -> None:
+        """The helpers still running stopped (the run ended early: Ctrl-C, an error), this
+        process alone on the cores again."""
+        for helper in list(self.helpers):
+            self._end(helper, wait=0)
+        super().close()
+        worker.spin(SPIN_ALONE)
+        torch.set_num_threads(self.threads)
 
 
 def share_cores(jobs: int) -> None:

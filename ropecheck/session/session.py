@@ -199,7 +199,7 @@ class Session:
             try:
                 self._run_shared(share, on_result)
             finally:
-                share.rows.close(remove=share.leads)
+                share.close()
         else:
             for dtype in self.dtypes:
                 running = (self.rows[0], position_range.FORMULA, "eager")

@@ -11,7 +11,6 @@ and did not finish.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from typing import Iterable, Optional
@@ -36,6 +35,8 @@ class SharedRows:
         return cls(path, count)
 
     def _locked(self, change=None) -> tuple[bytearray, str]:
+        import fcntl  # Unix, as the zygote a helper is forked from: never imported without one
+
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             data = os.pread(self.fd, self.count + 4096, 0)
@@ -98,6 +99,10 @@ class Share:
     def arrived(self) -> list:
         """(index, Result) of the rows finished in the other process since the last look."""
         return []
+
+    def close(self) -> None:
+        """After the run (or an early end): the rows let go of (the leader's file removed)."""
+        self.rows.close(remove=self.leads)
 
     def end(self) -> list:
         """Wait for the other process to finish; (index, Result) of what arrived since the
