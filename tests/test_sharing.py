@@ -73,7 +73,7 @@ def test_a_shared_run_gives_the_results_of_the_same_run_in_one_process(tmp_path,
     counterexample and reproduce line are the same with a helper as without (a wrong base
     fails the same checks on the same minimal inputs)."""
     source = KERNELS if kernel == "correct" else MUTANTS
-    args = ("--profile", "dev", "--seed", "7", "--max-examples", "8")
+    args = ("--profile", "dev", "--seed", "7", "--max-examples", "4")
     alone = run_check(tmp_path, f"{source}:{kernel}", 1, *args)
     shared = run_check(tmp_path, f"{source}:{kernel}", 2, *args)
     assert shared["exit"] == alone["exit"] == (0 if kernel == "correct" else 1)
@@ -131,7 +131,7 @@ DYING_HELPER = textwrap.dedent("""
 def test_a_helper_that_dies_leaves_its_checks_to_ropecheck(tmp_path):
     shutil.copy(KERNELS, tmp_path)
     (tmp_path / "dying.py").write_text(DYING_HELPER)
-    args = ("--profile", "ci", "--dtype", "float32", "--dtype", "float16")
+    args = ("--profile", "ci", "--dtype", "float32", "--dtype", "float16", "--max-examples", "5")
     shared = run_check(tmp_path, "dying.py:rope", 2, *args)
     assert (tmp_path / "first-load").exists()
     (tmp_path / "first-load").unlink()
@@ -143,7 +143,7 @@ def test_a_helper_that_dies_leaves_its_checks_to_ropecheck(tmp_path):
 def test_a_mode_run_per_process_stays_in_ropecheck_and_the_eager_checks_are_shared(tmp_path):
     """A helper takes eager checks only (a compiled model is one per process); ropecheck
     takes the other mode's first. The results are those of the run in one process."""
-    args = ("--profile", "ci", "--dtype", "float32", "--mode", "eager", "--mode", "autocast", "--max-examples", "5")
+    args = ("--profile", "ci", "--dtype", "float32", "--mode", "eager", "--mode", "autocast", "--max-examples", "3")
     alone = run_check(tmp_path, f"{KERNELS}:matmul_angles", 1, *args)
     shared = run_check(tmp_path, f"{KERNELS}:matmul_angles", 2, *args)
     assert shared["exit"] == alone["exit"] == 1  # right in eager, wrong under autocast
