@@ -261,7 +261,8 @@ class Zygote:
             time.sleep(REAP_INTERVAL)
 
 
-def _resolve(entry: str):
+def resolve(entry: str):
+    """The object a 'module:name' names (its module imported)."""
     module, _, name = entry.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -318,7 +319,7 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 try:
-                    (_resolve(request[2]) if request[2] else serve)(fds[0], request[1])
+                    (resolve(request[2]) if request[2] else serve)(fds[0], request[1])
                 finally:
                     os._exit(0)
             running.add(pid)

@@ -55,7 +55,7 @@ _CUDA_FAULT = re.compile(
 # --- waiting for the other side ----------------------------------------------------------
 
 
-def _cores() -> int:
+def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -65,7 +65,7 @@ def _cores() -> int:
 # Seconds each side polls without sleeping before it blocks. Waking a sleeping process
 # costs about 50 us on the virtual machines CI runs on, a fifth of a small call's cost;
 # with a core each (two or more), the two processes hand calls back and forth awake.
-SPIN = 0.002 if _cores() > 1 else 0.0
+SPIN = 0.002 if cores() > 1 else 0.0
 
 
 def spin(seconds: float) -> None:
@@ -90,11 +90,6 @@ def spin_until_ready(conn: Connection, timeout: Optional[float], seconds: Option
 # --- the worker's side ---------------------------------------------------------------------
 
 
-def _resolve(dotted: str):
-    module, _, attr = dotted.partition(":")
-    return getattr(__import__(module, fromlist=[attr]), attr)
-
-
 def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     """The worker's loop: load the target, then run calls until told to stop (``Exit``, or
     ropecheck closing the connection). ``preload``: modules to import while waiting."""
@@ -105,7 +100,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
     # One core stays ropecheck's: a thread of the worker's spinning there (OpenMP's
     # threads spin after a parallel region) slows down ropecheck's reference and next
     # draw; on two cores that was the larger part of the worker's cost per call.
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() - 1)))
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), cores() - 1)))
     for module in preload:  # the loaders ropecheck will ask for, imported while it starts up
         importlib.import_module(module)
     conn = Connection(fd)
@@ -125,7 +120,7 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         sys.path[:] = message.path
         try:
             with memory.importing():  # the target's imports; its calls then collect as usual
-                fn, info = _resolve(message.loader)(*message.args)
+                fn, info = spawn.resolve(message.loader)(*message.args)
             state["execution"] = Execution(fn)
             reply(Loaded(info))
         except BaseException as exc:  # the loader's message, or whatever the import raised

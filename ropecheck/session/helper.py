@@ -13,9 +13,8 @@ A helper is used where it pays and changes nothing else: the ``ropecheck`` comma
 zygote), a target in a worker (the helper loads its own), on the CPU (a GPU is one per
 machine), no compute-sanitizer, two cores or more. It takes eager checks only: a compiled
 model is one per process, so the checks of a compiling mode stay in ropecheck's process,
-which takes them first. While one
-runs, no process of the run polls awake for an answer (``worker.spin``): four processes
-share the cores.
+which takes them first. While one runs, no process of the run polls awake for an answer
+(``worker.spin``): four processes share the cores.
 """
 
 from __future__ import annotations
@@ -44,13 +43,6 @@ DEFAULT_JOBS = 2  # processes the command shares a run among unless --jobs says 
 LOADERS = ("ropecheck.session.loading",)  # what a helper's workers import before their target
 SPIN_ALONE = worker.SPIN  # how long this process polls awake when no helper runs
 EXIT_WAIT = 5.0  # seconds a helper that is done has to stop its worker and end, before it is killed
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # The modes a helper runs checks in: a compiled model (or a CUDA graph) is one per process,
@@ -85,7 +77,7 @@ def jobs_for(session: Session) -> int:
     options = session.options
     if options is None:
         return 1
-    jobs = options.get("jobs") or (min(DEFAULT_JOBS, _cores()) if options.door == "cli" else 1)
+    jobs = options.get("jobs") or (min(DEFAULT_JOBS, worker.cores()) if options.door == "cli" else 1)
     shareable = (
         isinstance(options.target, (str, type(None)))  # a helper loads it by name
         and session.target.executor is not None  # a worker, not this process
@@ -182,7 +174,7 @@ class Leading(Share):
 def share_cores(jobs: int) -> None:
     """This process as one of ``jobs`` sharing the cores: torch's threads, a share of the
     cores (its worker has its own, one fewer than the cores), and no polling awake."""
-    torch.set_num_threads(max(1, _cores() // jobs))
+    torch.set_num_threads(max(1, worker.cores() // jobs))
     worker.spin(0.0)
 
 
@@ -250,8 +242,9 @@ def serve(fd: int, crash_log: str) -> None:
             spawn.fork_zygote(LOADERS)  # this helper's own workers fork from it (before torch runs here)
         share_cores(job.jobs)
         session = prepare(Options(*job.options), seed=job.seed)
-        if named(session) != job.checks:  # its warm-up found other dtypes callable: rows would differ
-            raise RuntimeError(f"the helper's checks differ from ropecheck's: {named(session)} != {job.checks}")
+        checks = named(session)
+        if checks != job.checks:  # its warm-up found other dtypes callable: rows would differ
+            raise RuntimeError(f"the helper's checks differ from ropecheck's: {checks} != {job.checks}")
         session.run(share=_Sending(SharedRows(job.rows, len(job.checks)), helper_rows(session), conn))
         conn.send_bytes(pickle.dumps(("done",)))
     except BaseException:
