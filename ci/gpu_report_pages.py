@@ -135,7 +135,8 @@ def report(out: Path) -> None:
     steps = read_steps(out)
     commands = read_commands(out)
     checks = [_check_summary(p) for p in sorted((out / "checks").glob("*.json"))]
-    sanitized = [json.loads(p.read_text()) for p in sorted((out / "sanitizer").glob("*.json"))]
+    sanitized = [json.loads(p.read_text()) for p in sorted((out / "sanitizer").glob("*.json"))
+                 if not p.name.endswith(".check.json")]  # beside each record: the check's own JSON
     aot = json.loads((out / "aot.json").read_text()) if (out / "aot.json").exists() else None
     bench_files = sorted((out / "bench").glob("benchmark-*.json"))
     bench_md = bench_table(*bench_files) if bench_files else "No benchmark results were written.\n"
@@ -196,7 +197,7 @@ def report(out: Path) -> None:
         for s in sanitized:
             first = "; ".join(f["message"] for f in s["findings"][:2]) or "-"
             md.append(f"| {s['name']} | {s['tool']} | {'yes' if s['as_expected'] else 'NO'} | {s['expect']} "
-                      f"| {s['error_summary']} | {first} |")
+                      f"| {s.get('error_summary', '-')} | {first} |")
         if rehearse:
             md += ["", "Rehearsal: the sanitizer did not run; its step parsed the recorded sample "
                        "reports of tests/data/sanitizer/ (written in the documented format, not captured "

@@ -35,7 +35,7 @@ def _wider(v: torch.Tensor, axis: int, width: int, index) -> torch.Tensor:
     """v placed at ``index`` of a zero tensor whose ``axis`` is ``width`` long."""
     shape = list(v.shape)
     shape[axis] = width
-    wide = torch.zeros(shape, dtype=v.dtype)
+    wide = torch.zeros(shape, dtype=v.dtype, device=v.device)
     wide[(slice(None),) * axis + (index,)] = v
     return wide[(slice(None),) * axis + (index,)]
 
@@ -48,7 +48,7 @@ def _stored_as(order: tuple) -> Callable:
 
 def _qkv_slice(v: torch.Tensor) -> torch.Tensor:
     b, s, h, d = v.shape
-    qkv = torch.zeros(b, s, 3, h, d, dtype=v.dtype)
+    qkv = torch.zeros(b, s, 3, h, d, dtype=v.dtype, device=v.device)
     qkv[:, :, 1] = v
     return qkv[:, :, 1]  # the k of qkv.view(b, s, 3, h, d): row stride 3hd, offset hd
 
@@ -63,7 +63,7 @@ def _latent_slice(v: torch.Tensor) -> torch.Tensor:
 
 
 def _odd_offset(v: torch.Tensor) -> torch.Tensor:
-    flat = torch.zeros(v.numel() + 1, dtype=v.dtype)
+    flat = torch.zeros(v.numel() + 1, dtype=v.dtype, device=v.device)
     flat[1:] = v.reshape(-1)
     return flat[1:].view(v.shape)
 
@@ -271,7 +271,8 @@ class Case:
                 flat[rows] = torch.from_numpy(chunk)
             return self._laid_out(v, memory)
         drawn = self.values(salt) if values is None else np.asarray(values, np.float64)
-        return self._laid_out(torch.tensor(drawn, dtype=torch_dtype(self.dtype)), memory)  # a copy of its own
+        own = torch.tensor(drawn, dtype=torch_dtype(self.dtype), device="cpu")  # a copy of its own
+        return self._laid_out(own, memory)
 
     def _laid_out(self, v: torch.Tensor, memory: str | None) -> torch.Tensor:
         layout = memory or self.memory

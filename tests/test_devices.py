@@ -6,13 +6,17 @@ machine with CUDA the tests marked for it run the same paths there."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 import ropecheck
 from ropecheck.calling import devices
+from ropecheck.kernels.triton_env import triton_missing
 from ropecheck.calling.execution import Execution, Request
 from tests.test_cli import FP32, check
 
@@ -118,7 +122,7 @@ def test_cpu_by_name_gives_the_default_verdict(tmp_path):
 
 
 @cuda_only
-@pytest.mark.parametrize("name", ["rotate-half", "llama-complex"])
+@pytest.mark.parametrize("name", ["rotate-half", "llama-complex", "matrix", "cached"])
 def test_builtins_pass_on_cuda(name):
     result = check(name, "--device", "cuda", *FP32, "--profile", "ci")
     assert result.exit_code == 0, result.output
@@ -132,3 +136,80 @@ def test_pytest_without_the_device_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--device cuda:0: no CUDA device here" in result.stderr.str()
+
+
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if HAS_CUDA else []))
+def test_placement_copies_a_tensor_already_on_the_device(device):
+    """A q/k split made on the device (the qk form's separate tensors) is copied there:
+    the storage is viewed on its own device (found on an H100: CUDA inputs failed every
+    qk check with 'Attempted to set the storage of a tensor on device cpu to a storage on
+    cuda:0'; meta stands in for it on CPU)."""
+    x = torch.randn(2, 5, 8, 16, device=device).transpose(1, 2)
+    copy = devices.strided_copy(x)
+    assert copy.device == x.device
+    assert (copy.shape, copy.stride(), copy.storage_offset()) == (x.shape, x.stride(), x.storage_offset())
+
+
+def test_placement_ignores_the_ambient_default_device():
+    """Code run under `with torch.device(...)` (or torch.set_default_device) still gets
+    copies on the device asked for (found on an H100 under `with torch.device('cuda')`)."""
+    x = torch.randn(2, 3, 4)
+    with torch.device("meta"):
+        copy = devices.Placement("cpu")(x)
+    assert copy.device.type == "cpu" and torch.equal(copy, x)
+
+
+@pytest.mark.parametrize("name", ["rotate-half", "llama-complex", "matrix"])
+def test_builtins_keep_to_the_input_s_device(name):
+    """The torch built-ins run wherever their input is (meta stands in for CUDA here; on an
+    H100 llama-complex failed every call: its amplitude, a CPU tensor, met CUDA angles in
+    torch.polar; matrix built its matrix on the CPU). `cached` reads its largest position,
+    which meta tensors do not hold: its tables are made per device, tested on CUDA."""
+    from ropecheck.targets.builtins import builtin
+
+    x = torch.empty(1, 4, 2, 8, device="meta")
+    y = builtin(name).fn(x, torch.zeros(1, 4, dtype=torch.int64, device="meta"))
+    assert y.device.type == "meta" and y.shape == x.shape
+
+
+FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.tensor, torch.randn,
+             torch.rand, torch.randint, torch.linspace, torch.eye, torch.empty_strided, torch.as_tensor}
+
+
+def test_the_harness_names_the_device_of_every_tensor_it_makes():
+    """ropecheck's own tensors do not depend on the default device: run in-process under
+    `with torch.device("cuda")` (a user's test, torch.set_default_device), tensors made
+    without a device landed on CUDA beside CPU ones and every check errored (found on an
+    H100). A TorchFunctionMode lists factory calls without a device made by the harness
+    (properties/, reference/, ropecheck/calling, session; not a target's own code)."""
+    from torch.overrides import TorchFunctionMode
+
+    from ropecheck.properties.checks import PROPERTIES
+    from ropecheck.properties.runner import RunOptions, run_property
+    from ropecheck.targets.builtins import builtin
+
+    harness = [str(p) for p in (Path(ropecheck.__file__).parent / d for d in
+                                ("properties", "reference", "calling", "session"))]
+    harness += [str(Path(p).resolve()) for p in harness]
+    implicit: set = set()
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in FACTORIES and kwargs.get("device") is None:
+                frame = sys._getframe(1)
+                while frame is not None and f"{os.sep}torch{os.sep}" in frame.f_code.co_filename:
+                    frame = frame.f_back
+                if frame is not None and frame.f_code.co_filename.startswith(tuple(harness)):
+                    implicit.add(f"{frame.f_code.co_filename}:{frame.f_lineno} torch.{func.__name__}")
+            return func(*args, **kwargs)
+
+    runs = [("rotate-half", list(PROPERTIES))]  # every property in the x form; qk and packed: their plumbing
+    runs += [] if triton_missing() else [("triton-qk", ["contract"]), ("triton-packed", ["contract"])]
+    for name, properties in runs:
+        target = builtin(name)
+        for prop in map(PROPERTIES.get, properties):
+            if prop.applies_to(target)[0]:
+                with Spy():
+                    run_property(prop, target, "float32", RunOptions(profile="ci", max_examples=2, timeout=60))
+    assert not implicit, sorted(implicit)

@@ -152,3 +152,26 @@ def test_benchmark_table_of_a_gpu_run(tmp_path):
     assert "| q 32/k 8 x 128, 16384 tokens, bfloat16 | liger |" in table
     assert "| 1.23e+03 | 41 | 3e+03 | 1e-07 | 2e-07 | 3e-07 |" in table
     assert "No benchmark" in gpu_report.bench_table(tmp_path / "absent.json")
+
+
+def test_report_of_a_gpu_run_s_sanitizer_records(tmp_path):
+    """On a GPU the sanitizer steps keep the check's JSON record (NAME.check.json) beside
+    their own (NAME.json, findings read from that check, no ERROR SUMMARY count): the
+    report reads only the records (the first H100 run's report stopped on the check's)."""
+    sys.path.insert(0, str(ROOT / "ci"))
+    try:
+        import gpu_report
+        import gpu_report_pages
+    finally:
+        sys.path.remove(str(ROOT / "ci"))
+    (tmp_path / "sanitizer").mkdir()
+    check = tmp_path / "sanitizer" / "past_row_read.check.json"
+    check.write_text(json.dumps({"results": [{"property": "contract", "dtype": "bfloat16", "message":
+                                              "compute-sanitizer memcheck: Invalid __global__ read"}]}))
+    assert gpu_report.sanitizer_record("past_row_read", tmp_path / "absent.log",
+                                       tmp_path / "sanitizer" / "past_row_read.json", "found", "memcheck",
+                                       check_json=check) == 0
+    gpu_report_pages.report(tmp_path)
+    report = (tmp_path / "docs" / "report-gpu" / "report.md").read_text()
+    assert "| past_row_read | memcheck | yes | found | - | compute-sanitizer memcheck: Invalid __global__ read |" \
+        in report

@@ -156,3 +156,20 @@ def test_every_specialization_of_the_whole_scope_compiles_for_both_archs(aot):
     assert not failed, "\n".join(failed)
     spilled = [f"{r.arch} {r.case}" for r in results if (r.spill_bytes, r.local_instructions) != (0, 0)]
     assert not spilled, spilled
+
+
+def test_the_kernel_rounds_every_operation_once(aot):
+    """No fused multiply-add in the compiled kernel (launch option enable_fp_fusion=False):
+    with the compiler's default contraction, offsets and explicit positions gave outputs
+    one bit apart on an H100 (tests/test_triton_kernel.py asks for equal bits), and the
+    interpreter, which rounds every operation, could not see it. Turning contraction back
+    on puts fma instructions in the PTX, so this test can fail."""
+    import dataclasses
+
+    kernel = aot.compiled_kernel()
+    (call,) = aot.record(aot.cases("main")[0])
+    launch = aot.specialize(kernel, call, 90)
+    assert launch.options.enable_fp_fusion is False
+    assert "fma.rn" not in aot.compile_launch(launch, 90, kernel).asm["ptx"]
+    launch.options = dataclasses.replace(launch.options, enable_fp_fusion=True)
+    assert "fma.rn" in aot.compile_launch(launch, 90, kernel).asm["ptx"]

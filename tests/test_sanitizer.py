@@ -135,6 +135,19 @@ def test_memcheck_past_row_read():
     assert finding.message.endswith("(and 1 more like it)")
 
 
+def test_memcheck_captured_on_an_h100():
+    """The real thing (see tests/data/sanitizer/README.md): the out-of-bounds reads are one
+    finding with its kernel and line, the faulted context's API errors follow."""
+    text = sample("h100_memcheck_past_row_read")
+    reports = sanitizer_reports.parse(text, "memcheck")
+    assert len(reports) == 4 == sanitizer_reports.error_summary(text)
+    assert [r.kind for r in reports] == ["out-of-bounds", "out-of-bounds", "api-error", "api-error"]
+    assert (reports[0].access, reports[0].size, reports[0].kernel, reports[0].location) == (
+        "read", 2, "_past_row_read_kernel", "gpu_kernels.py:80")
+    first = sanitizer_reports.findings(reports)[0]
+    assert first.count == 2 and "is 1 bytes after the nearest allocation" in first.message
+
+
 def test_memcheck_past_head_store_and_api_error():
     reports = sanitizer_reports.parse(sample("memcheck_past_head_store"))
     assert [r.kind for r in reports] == ["out-of-bounds", "out-of-bounds", "api-error"]
@@ -290,6 +303,12 @@ def rope(x, positions):  # numerically right; "reads past its row", as a memchec
 
 def clean(x, positions):
     return x.clone()
+
+
+def dies(x, positions):  # the kernel faults: CUDA's context is lost and the process ends
+    with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
+        log.write(REPORT)
+    os._exit(86)  # compute-sanitizer's --error-exitcode replaces the status of a program it saw err
 '''
 STAND_IN = """#!/usr/bin/env bash
 while [ "$1" != -- ]; do [ "$1" = --log-file ] && export FAKE_SANITIZER_LOG=$2; shift; done; shift
@@ -297,7 +316,19 @@ exec "$@"
 """
 
 
-def test_a_report_during_a_call_is_that_call_s_finding(tmp_path, monkeypatch):
+@pytest.fixture
+def kernel(tmp_path, monkeypatch):
+    """The planted targets' file, with compute-sanitizer's stand-in on $COMPUTE_SANITIZER."""
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(STAND_IN)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("COMPUTE_SANITIZER", str(fake))
+    kernel = tmp_path / "planted.py"
+    kernel.write_text(PLANTED + f"\nREPORT = {sample('memcheck_past_row_read')!r}\n")
+    return kernel
+
+
+def test_a_report_during_a_call_is_that_call_s_finding(kernel):
     """The worker runs under the sanitizer (a stand-in that exports its --log-file's path
     and runs the worker); a report written during a call makes that call a contract
     breach of kind "sanitizer", naming the kernel and the access; a call without one is
@@ -305,12 +336,6 @@ def test_a_report_during_a_call_is_that_call_s_finding(tmp_path, monkeypatch):
     from ropecheck.properties.interface import CallError
     from ropecheck.session.loading import load
 
-    fake = tmp_path / "compute-sanitizer"
-    fake.write_text(STAND_IN)
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("COMPUTE_SANITIZER", str(fake))
-    kernel = tmp_path / "planted.py"
-    kernel.write_text(PLANTED + f"\nREPORT = {sample('memcheck_past_row_read')!r}\n")
     x, p = torch.randn(1, 2, 1, 8), torch.zeros(1, 2, dtype=torch.int64)
     clean = load(f"{kernel}:clean", worker=True, sanitize="memcheck")
     try:
@@ -327,6 +352,26 @@ def test_a_report_during_a_call_is_that_call_s_finding(tmp_path, monkeypatch):
     message = str(raised.value)
     assert "compute-sanitizer memcheck" in message and "_past_row_read_kernel" in message
     assert "read of size 2" in message and "and 1 more like it" in message
+
+
+def test_a_report_before_the_process_ends_is_the_cause_of_the_crash(kernel):
+    """On an H100 a planted kernel's bad read left CUDA's context unusable and the worker
+    ended; compute-sanitizer exited with its error status. The report it wrote is that
+    call's finding, named before the crash (it was lost with the log and the check said
+    only 'exit status 86')."""
+    from ropecheck.properties.interface import CallError
+    from ropecheck.session.loading import load
+
+    planted = load(f"{kernel}:dies", worker=True, sanitize="memcheck")
+    try:
+        with pytest.raises(CallError) as raised:
+            planted.caller()(torch.randn(1, 2, 1, 8), torch.zeros(1, 2, dtype=torch.int64))
+    finally:
+        planted.close()
+    message = str(raised.value)
+    assert raised.value.kind == "crashed"
+    assert message.startswith("compute-sanitizer memcheck:") and "_past_row_read_kernel" in message
+    assert "which found errors (its error exit status 86)" in message
 
 
 def test_sanitize_without_cuda_or_a_device_is_exit_2_with_the_reason():

@@ -80,7 +80,9 @@ class Placement:
         host = x.untyped_storage()
         key = host.data_ptr()
         if key not in self.storages:
-            raw = torch.empty(0, dtype=torch.uint8).set_(host)  # the whole storage, as bytes
+            # the whole storage, as bytes, on its own device (never the ambient default device
+            # a `with torch.device(...)` or torch.set_default_device may have set)
+            raw = torch.empty(0, dtype=torch.uint8, device=host.device).set_(host)
             if self.device.type == "meta":  # no values there: the layout alone (plumbing tests)
                 moved = torch.empty_like(raw, device=self.device)
             else:  # a copy even where the tensor already is (a private copy, not the caller's)

@@ -42,7 +42,7 @@ class ReturnedWrong(Exception):
 
 
 def cu_seqlens(lengths) -> torch.Tensor:
-    return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32)
+    return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32, device="cpu")
 
 
 @dataclass(frozen=True)

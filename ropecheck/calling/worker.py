@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ropecheck.calling import memory, modes, quiet, sanitizer_reports, spawn
+from ropecheck.calling import memory, modes, quiet, sanitizer, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
 from ropecheck.properties.interface import CallError, TargetHung
@@ -163,7 +163,12 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
 # --- ropecheck's side ----------------------------------------------------------------------
 
 
-def _death(returncode: Optional[int]) -> str:
+def _death(returncode: Optional[int], sanitize: Optional[str] = None) -> str:
+    if sanitize is not None and returncode == sanitizer.ERROR_EXITCODE:
+        return (
+            f"the target's process ended under compute-sanitizer {sanitize}, which found errors "
+            f"(its error exit status {returncode})"
+        )
     if returncode is not None and returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -202,21 +207,24 @@ class _Process:
     def __init__(self, loader: str, args: tuple, sanitize: Optional[str] = None):
         self.proc, self.conn, self.crash_log, self.sanitizer_log, self.output_log = spawn.take(sanitize)
         self.sanitize, self.sanitizer_read = sanitize, 0  # bytes of the sanitizer's log read so far
+        self.sanitizer_last: list = []  # the reports of a process that ended, read before its log went
         self.conn.send_bytes(dumps(Load(list(sys.path), loader, args)))
 
     def new_sanitizer_reports(self) -> list:
         """The compute-sanitizer reports written since the last look (--sanitize)."""
+        reports, self.sanitizer_last = self.sanitizer_last, []
         if self.sanitizer_log is None:
-            return []
+            return reports
         try:
             with open(self.sanitizer_log, errors="replace") as log:
                 log.seek(self.sanitizer_read)
                 text = log.read()
         except OSError:
-            return []
-        complete = text[: text.rfind("\n") + 1]  # a report still being written waits for the next look
-        self.sanitizer_read += len(complete.encode())
-        return sanitizer_reports.parse(complete, self.sanitize)
+            return reports
+        if self.alive:  # a report still being written waits for the next look
+            text = text[: text.rfind("\n") + 1]
+        self.sanitizer_read += len(text.encode())
+        return reports + sanitizer_reports.parse(text, self.sanitize)
 
     def _kill(self) -> None:
         if self.sanitize is not None:  # the sanitizer and the interpreter under it: its process group
@@ -251,9 +259,11 @@ class _Process:
                 returncode = self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 returncode = None
-            why = _death(returncode) + _crash_site(self.crash_log)
+            why = _death(returncode, self.sanitize) + _crash_site(self.crash_log)
             printed = quiet.tail(self.output_log)
             why += f" (its last output: {printed})" if printed else ""
+            # what the sanitizer saw before the end: its log goes with the process
+            self.sanitizer_last = self.new_sanitizer_reports()
             self.stop(kill=True)
             return Crashed(f"{why} ({during})" if during.startswith("loading") else why)
 
@@ -344,9 +354,12 @@ class Worker:
         outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
         found = sanitizer_reports.findings(self.current.new_sanitizer_reports())
         if found:  # memory the kernels of this call read or wrote without owning it
-            outcome.violations.append(
-                ("sanitizer", f"compute-sanitizer {self.sanitize}: " + "; ".join(f.message for f in found))
-            )
+            said = f"compute-sanitizer {self.sanitize}: " + "; ".join(f.message for f in found)
+            if outcome.error and outcome.error[0] == "crashed":  # the report is the cause: a
+                # faulting kernel leaves CUDA's context unusable, and the process ends
+                outcome.error = ("crashed", f"{said} (then {outcome.error[1]})")
+            else:
+                outcome.violations.append(("sanitizer", said))
         self.state_changes += [c for c in outcome.state_changes if c not in self.state_changes]
         modes.record_notes(outcome.notes)
         if outcome.error and outcome.error[0] == "crashed":

@@ -69,7 +69,8 @@ def make_llama_complex(base: float = reference.DEFAULT_BASE, rotary_dim=None, sc
 
     def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         rot, tail, r = _split(x, rotary_dim)
-        freqs_cis = torch.polar(amplitude, _angles(positions, r, base, scaling))
+        angles = _angles(positions, r, base, scaling)
+        freqs_cis = torch.polar(amplitude.to(angles.device), angles)
         pairs = torch.view_as_complex(rot.float().contiguous().reshape(*rot.shape[:-1], r // 2, 2))
         out = torch.view_as_real(pairs * freqs_cis).flatten(-2)
         return torch.cat((out.to(x.dtype), tail), dim=-1)
@@ -86,7 +87,7 @@ def make_matrix(base: float = reference.DEFAULT_BASE, rotary_dim=None, scaling=N
         phi = _angles(positions, r, base, scaling)[:, :, 0, :]  # (b, s, r/2)
         cos, sin = phi.cos() * amplitude, phi.sin() * amplitude
         blocks = torch.stack((torch.stack((cos, -sin), -1), torch.stack((sin, cos), -1)), -2)
-        matrix = torch.zeros(*phi.shape[:2], r, r, dtype=torch.float32)
+        matrix = torch.zeros(*phi.shape[:2], r, r, dtype=torch.float32, device=phi.device)
         for i in range(r // 2):
             matrix[:, :, 2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = blocks[:, :, i]
         out = torch.einsum("bsij,bshj->bshi", matrix, rot.float())
@@ -110,21 +111,22 @@ class CachedRotary:
             )
         self.base, self.rotary_dim, self.scaling = base, rotary_dim, scaling
         self.amplitude = scaling.attention_factor()
-        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (r, device) -> (cos, sin)
 
-    def _table(self, needed: int, r: int):
-        cos, _ = self.tables.get(r, (torch.empty(0, r // 2), None))
+    def _table(self, needed: int, r: int, device: torch.device):
+        cos, _ = self.tables.get((r, device), (torch.empty(0, r // 2), None))
         if cos.shape[0] < min(needed, self.TABLE_LIMIT):
             size = min(max(needed, 2 * cos.shape[0], 64), self.TABLE_LIMIT)
-            freqs = torch.outer(torch.arange(size, dtype=torch.float32), _inv_freq(r, self.base, self.scaling))
-            self.tables[r] = (freqs.cos(), freqs.sin())
-        return self.tables[r]
+            theta = _inv_freq(r, self.base, self.scaling).to(device)
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32, device=device), theta)
+            self.tables[r, device] = (freqs.cos(), freqs.sin())
+        return self.tables[r, device]
 
     def _cos_sin(self, positions: torch.Tensor, r: int):
-        cos_table, sin_table = self._table(int(positions.max()) + 1, r)
+        cos_table, sin_table = self._table(int(positions.max()) + 1, r, positions.device)
         inside = positions < cos_table.shape[0]
         index = torch.where(inside, positions, 0)
-        phi = positions.to(torch.float32)[..., None] * _inv_freq(r, self.base, self.scaling)
+        phi = positions.to(torch.float32)[..., None] * _inv_freq(r, self.base, self.scaling).to(positions.device)
         cos = torch.where(inside[..., None], cos_table[index], phi.cos())
         sin = torch.where(inside[..., None], sin_table[index], phi.sin())
         return cos, sin
