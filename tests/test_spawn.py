@@ -125,3 +125,31 @@ def test_an_eager_verdict_imports_no_sympy(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "exit 0 sympy False mpmath False" in proc.stderr, proc.stdout + proc.stderr
+
+
+def compiler_loaded(*args):
+    """A loader whose description says whether torch.compile's machinery was there when
+    the target loaded (test below)."""
+    return (lambda x, positions: x), "torch._inductor.compile_fx" in sys.modules
+
+
+@pytest.mark.parametrize("argv, warmed", [(["check", "t", "--mode", "eager", "--mode", "compile"], True),
+                                          (["check", "t", "--mode=eager"], False)])
+def test_a_compile_run_s_worker_warms_torch_compile_while_ropecheck_starts(argv, warmed):
+    """The first worker of a run with --mode compile imports dynamo and inductor and
+    compiles a small function before its target loads (about 4 s that a first compile
+    call waited for, now spent while ropecheck imports its CLI and prepares the run); an
+    eager run's worker does not."""
+    code = (
+        "import pickle, sys\n"
+        "from ropecheck.calling import spawn\n"
+        "from ropecheck.calling.messages import Load, dumps\n"
+        f"spawn.prestart({argv!r})\n"
+        "started = spawn.take()\n"
+        "started.conn.send_bytes(dumps(Load(list(sys.path), 'tests.test_spawn:compiler_loaded', ())))\n"
+        "print('loaded with the compiler:', pickle.loads(started.conn.recv_bytes()).info)\n"
+        "spawn.stop(started)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert f"loaded with the compiler: {warmed}" in proc.stdout, proc.stdout + proc.stderr

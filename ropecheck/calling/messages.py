@@ -1,5 +1,5 @@
 """What ropecheck and its worker process say to each other: named messages with keyword
-fields (``Load``, ``Call``, ``Exit``; ``Loaded``, ``Failed``, ``Done``), pickled with CPU
+fields (``Warm``, ``Load``, ``Call``, ``Exit``; ``Loaded``, ``Failed``, ``Done``), pickled with CPU
 tensors sent by value, views kept (``dumps``)."""
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ class Load:
     path: list
     loader: str
     args: tuple
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Get ready for these modes while ropecheck starts up (``modes.warm_up``); no reply."""
+
+    modes: tuple
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,17 @@ def parse(modes) -> list:
     return list(dict.fromkeys(names)) or ["eager"]
 
 
+def warm_up(modes) -> None:
+    """Start what these modes need before the target is loaded (a worker does it while
+    ropecheck starts up). ``compile``: import dynamo and inductor and compile a small
+    function once, which loads the compiler's machinery (about 4 s on the 2-core CI
+    machine, most of a first compile); its notes are dropped."""
+    if "compile" in modes:
+        with collecting():
+            Compiled(lambda x: x * 2.0 + 1.0)(torch.ones(2, 3, 1, 4))
+        take_notes()
+
+
 def require(modes, device: str) -> None:
     """ValueError for a mode this device cannot run."""
     if "cudagraph" in modes and not str(device).startswith("cuda"):

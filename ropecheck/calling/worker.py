@@ -41,7 +41,7 @@ import torch
 
 from ropecheck.calling import memory, modes, quiet, sanitizer, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
-from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, dumps
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, Warm, dumps
 from ropecheck.properties.interface import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
@@ -145,7 +145,11 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         reply(Done(outcome))
         return not poisoned
 
-    handlers: dict[type, Callable[..., bool]] = {Load: on_load, Call: on_call}
+    def on_warm(message: Warm) -> bool:
+        modes.warm_up(message.modes)
+        return True
+
+    handlers: dict[type, Callable[..., bool]] = {Warm: on_warm, Load: on_load, Call: on_call}
     while True:
         try:
             spin_until_ready(conn, None, state["spin"])
