@@ -207,7 +207,7 @@ def test_suite_passes_the_kernel_from_the_cli(tmp_path):
 @requires_triton
 def test_suite_passes_interleaved_partial_rotary_in_bfloat16():
     target = builtin("triton-interleaved", rotary_dim=16)
-    options = RunOptions(profile="ci", max_examples=10, timeout=60)
+    options = RunOptions(profile="ci", max_examples=5, timeout=60)  # 5 catch a broken kernel (below)
     for prop in PROPERTIES.values():
         if not prop.applies_to(target)[0]:  # a library interface's own properties
             continue
