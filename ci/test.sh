@@ -8,5 +8,7 @@ mkdir -p out
 .venv/bin/ruff check
 .venv/bin/ruff format --check
 .venv/bin/mypy
-.venv/bin/python -m pytest -q -n 2 --durations=20 --junitxml=out/selftest.xml  # the 20 slowest tests listed
+# --dist worksteal: a worker that runs out of tests takes the other's queued ones (the slowest
+# tests are 15 to 40 s: with "load" one worker could finish while the other had several left)
+.venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=20 --junitxml=out/selftest.xml  # the 20 slowest tests listed
 .venv/bin/ropecheck check --profile ci --json out/ropecheck.json --junit out/ropecheck.xml

@@ -230,27 +230,27 @@ def test_the_old_package_name_gets_a_one_line_hint(pytester):
 
 
 def test_xdist_gives_the_same_verdicts(pytester):
-    """-n 2: the same tests and the same outcomes as one process; every worker draws with
-    the controller's seed."""
+    """-n 2 without a seed: the controller picks one (dev draws at random) and every
+    worker draws with it (their reproduce lines name it); one process given that seed runs
+    the same tests with the same outcomes."""
     pytest.importorskip("xdist")
     pytester.makepyfile(flipped=SIGN_FLIPPED)
-    verdicts = []
-    for extra in ((), ("-n", "2")):
-        report = pytester.path / f"report{len(verdicts)}.xml"
+
+    def verdicts(*extra):
+        report = pytester.path / "report.xml"
         result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half",
-                     "--rope-profile", "ci", "--rope-seed", "1234", f"--junitxml={report}", *extra)
+                     "--rope-profile", "dev", f"--junitxml={report}", *extra)
         assert result.ret == pytest.ExitCode.TESTS_FAILED
         cases = ET.parse(report).getroot().iter("testcase")
-        verdicts.append({case.get("name"): [child.tag for child in case if child.tag in ("failure", "skipped")]
-                         for case in cases})
-    assert len(verdicts[0]) == ALL
-    assert verdicts[0] == verdicts[1]
-    # dev draws at random: the controller picks the seed every worker draws with
-    result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half", "--rope-profile", "dev",
-                 "-n", "2")
-    header = re.search(r"ropecheck: target flipped.py:rope, profile dev, seed (\d+)", result.stdout.str())
-    assert header, result.stdout.str()
-    assert set(re.findall(r"--rope-seed=(\d+)", result.stdout.str())) == {header.group(1)}
+        return result, {case.get("name"): [child.tag for child in case if child.tag in ("failure", "skipped")]
+                        for case in cases}
+
+    shared, in_workers = verdicts("-n", "2")
+    header = re.search(r"ropecheck: target flipped.py:rope, profile dev, seed (\d+)", shared.stdout.str())
+    assert header, shared.stdout.str()
+    assert set(re.findall(r"--rope-seed=(\d+)", shared.stdout.str())) == {header.group(1)}
+    _, alone = verdicts("--rope-seed", header.group(1))
+    assert len(alone) == ALL and alone == in_workers
 
 
 def test_rope_mode_parametrizes_the_suite(pytester):
