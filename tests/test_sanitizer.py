@@ -144,8 +144,12 @@ def test_memcheck_captured_on_an_h100():
     assert [r.kind for r in reports] == ["out-of-bounds", "out-of-bounds", "api-error", "api-error"]
     assert (reports[0].access, reports[0].size, reports[0].kernel, reports[0].location) == (
         "read", 2, "_past_row_read_kernel", "gpu_kernels.py:80")
-    first = sanitizer_reports.findings(reports)[0]
-    assert first.count == 2 and "is 1 bytes after the nearest allocation" in first.message
+    found = sanitizer_reports.findings(reports)
+    assert found[0].count == 2 and "is 1 bytes after the nearest allocation" in found[0].message
+    said = sanitizer_reports.said(found)  # the faulted context's API errors counted, the first shown
+    assert said.startswith("Invalid __global__ read of size 2 bytes; in _past_row_read_kernel")
+    assert said.endswith("; then 2 CUDA API errors (the first: Program hit cudaErrorLaunchFailure (error 719) "
+                         "due to \"unspecified launch failure\" on CUDA API call to cudaFree.)")
 
 
 def test_memcheck_past_head_store_and_api_error():

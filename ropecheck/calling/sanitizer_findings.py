@@ -79,3 +79,17 @@ def findings(reports: Iterable[SanitizerReport]) -> list:
     for report in reports:
         groups.setdefault(report.key(), []).append(report)
     return [Finding(first=group[0], count=len(group)) for group in groups.values()]
+
+
+def said(found: list) -> str:
+    """One line for a call's findings: the kernels' own errors; the CUDA API errors after
+    one of them (a faulted kernel leaves the context unusable: every later call fails with
+    'unspecified launch failure') counted, with the first, not listed one by one."""
+    kernels = [f for f in found if f.first.kind != "api-error"]
+    api = [f for f in found if f.first.kind == "api-error"]
+    if not kernels or not api:
+        return "; ".join(f.message for f in found)
+    count = sum(f.count for f in api)
+    return "; ".join(f.message for f in kernels) + (
+        f"; then {count} CUDA API error{'s' if count > 1 else ''} (the first: {api[0].message})"
+    )

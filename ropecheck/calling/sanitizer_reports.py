@@ -10,9 +10,9 @@ import re
 from typing import Optional
 
 from ropecheck.calling.sanitizer import TOOLS
-from ropecheck.calling.sanitizer_findings import Finding, SanitizerReport, findings
+from ropecheck.calling.sanitizer_findings import Finding, SanitizerReport, findings, said
 
-__all__ = ["Finding", "SanitizerReport", "error_summary", "findings", "parse", "read_log"]
+__all__ = ["Finding", "SanitizerReport", "error_summary", "findings", "parse", "read_log", "said"]
 
 
 # A line of sanitizer output: the prefix (default "=========", configurable with --prefix),

@@ -358,7 +358,7 @@ class Worker:
         outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
         found = sanitizer_reports.findings(self.current.new_sanitizer_reports())
         if found:  # memory the kernels of this call read or wrote without owning it
-            said = f"compute-sanitizer {self.sanitize}: " + "; ".join(f.message for f in found)
+            said = f"compute-sanitizer {self.sanitize}: " + sanitizer_reports.said(found)
             if outcome.error and outcome.error[0] == "crashed":  # the report is the cause: a
                 # faulting kernel leaves CUDA's context unusable, and the process ends
                 outcome.error = ("crashed", f"{said} (then {outcome.error[1]})")
