@@ -266,7 +266,7 @@ if [ $rehearse = 1 ]; then
     modes=(eager)
 else
     # the ci profile: at production sizes one target took over 240 s in two dtypes on the
-    # first H100 run (2026-11-25), and the sweep reached four targets of 39; the project's
+    # first H100 run (2026-11-25), and the sweep reached 5 of its 38 check steps; the project's
     # kernel gets the production profile at the end (below)
     check_common=(--device cuda --profile ci --dtype bfloat16,float16)
     modes=(eager compile cudagraph)

@@ -371,18 +371,18 @@ def prestart(argv: list, preload: tuple = ()) -> None:
             _spare = start(preload)
         except OSError:  # no process to spare now: the run starts its worker when it needs it
             _spare = None
-        warm = [mode for mode in _modes(argv) if mode == "compile"]
-        if _spare is not None and warm:  # torch.compile's start-up, while ropecheck starts up
+        if _spare is not None:  # what the run's modes need, started while ropecheck starts up
+            from ropecheck.calling import modes
             from ropecheck.calling.messages import Warm, dumps
 
-            _spare.conn.send_bytes(dumps(Warm(tuple(warm))))
-
-
-def _modes(argv: list) -> list:
-    """The --mode values of a command line (repeated, --mode=X, comma-separated)."""
-    given = [b for a, b in zip(argv, argv[1:]) if a == "--mode"]
-    given += [word.split("=", 1)[1] for word in argv if word.startswith("--mode=")]
-    return [name.strip() for item in given for name in item.split(",")]
+            given = [b for a, b in zip(argv, argv[1:]) if a == "--mode"]
+            given += [word.split("=", 1)[1] for word in argv if word.startswith("--mode=")]
+            try:
+                wanted = modes.parse(given)
+            except ValueError:  # an unknown mode: the command line's to report
+                return
+            if "compile" in wanted:
+                _spare.conn.send_bytes(dumps(Warm(tuple(wanted))))
 
 
 def take(sanitize: Optional[str] = None) -> Started:
