@@ -15,15 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from ropecheck.calling import spawn
 from ropecheck.properties.property import RANGE_PROBE
 from ropecheck.properties.runner import Result
 from ropecheck.report import gate
+from ropecheck.session import helper
 from ropecheck.session import options as table
 from ropecheck.session.options import Options, UsageError, parse
 from ropecheck.session.prepare import prepare, run_seed
 from ropecheck.session.session import Session, column_label, group_causes
 from ropecheck.session.spec import UnusableTarget
 
+# OS threads when the plugin was imported (torch imported, nothing run: pytest loads its
+# plugins before any conftest): the workers fork from a zygote while no more are running
+THREADS_AT_IMPORT = spawn.threads()
 ENGINE_PACKAGES = ("properties", "reference")  # installed as ropecheck.properties, ropecheck.reference
 PYTEST_OPTIONS = [o for o in table.for_command("check") if o.pytest]
 
@@ -102,6 +107,7 @@ def session_of(config) -> Session:
     """The check session, prepared once per pytest process (an xdist worker prepares its
     own, with the controller's seed); pytest.exit (usage error) when it cannot be."""
     if getattr(config, "_ropecheck_session", None) is None:
+        spawn.fork_zygote_if_unthreaded(THREADS_AT_IMPORT, helper.LOADERS)
         try:
             config._ropecheck_session = prepare(
                 options_of(config), seed=config._ropecheck_seed, pytest_args=list(config.invocation_params.args)

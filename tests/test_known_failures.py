@@ -62,7 +62,7 @@ def test_cli_known_failure_turns_a_failing_run_green(tmp_path):
     known = tmp_path / "known.toml"
     known.write_text(f'[[known]]\ntarget = "{kernel}:rope"\nproperty = "reference"\n'
                      'reason = "rotates clockwise"\n')
-    base = [sys.executable, "-m", "ropecheck.cli", "check", f"{kernel}:rope", "--layout", "half",
+    base = [sys.executable, "-m", "ropecheck", "check", f"{kernel}:rope", "--layout", "half",
             "--dtype", "float32", "--property", "reference", "--profile", "ci", "--max-examples", "5"]
     failing = subprocess.run(base, capture_output=True, text=True)
     assert failing.returncode == 1, failing.stdout

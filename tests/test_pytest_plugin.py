@@ -108,6 +108,43 @@ def test_reproduce_hint_names_the_target(pytester):
     assert all("--rope-target flipped.py:rope" in h and "--rope-layout half" in h for h in hints), hints
 
 
+ORIGIN = """
+import os
+with open("worker_origin.txt", "a") as _log:  # the process the target is loaded in, and its parent
+    _log.write(f"{os.getpid()} {os.getppid()}\\n")
+"""
+RECORD_PID = """
+import os
+def pytest_configure(config):
+    with open("pytest_pid.txt", "w") as log:
+        log.write(str(os.getpid()))
+"""
+
+
+def test_the_target_s_worker_is_forked_unless_torch_ran_before_the_suite(pytester):
+    """The worker forks from a zygote of the pytest process (no second interpreter importing
+    torch); a conftest that ran torch (OpenMP's pool started) leaves it a fresh interpreter,
+    which a fork past that pool would not be (it would deadlock)."""
+    pytester.makepyfile(origin=SIGN_FLIPPED + ORIGIN)
+
+    def parents(conftest: str) -> tuple:
+        pytester.makeconftest(conftest)
+        (pytester.path / "worker_origin.txt").unlink(missing_ok=True)
+        result = run(pytester, "--rope-target", "origin.py:rope", "--rope-layout", "half", "-k", "identity")
+        result.assert_outcomes(passed=1, deselected=ALL - 1)
+        pytest_pid = int((pytester.path / "pytest_pid.txt").read_text())
+        lines = (pytester.path / "worker_origin.txt").read_text().split("\n")
+        workers = [tuple(map(int, line.split())) for line in lines if line]
+        assert workers and all(pid != pytest_pid for pid, _ in workers), (pytest_pid, workers)
+        return pytest_pid, {parent for _, parent in workers}
+
+    pytest_pid, forked = parents(RECORD_PID)
+    assert pytest_pid not in forked  # the zygote's child
+    pytest_pid, fresh = parents(RECORD_PID + "import torch\ntorch.ones(10**6).exp()\n")
+    if (__import__("os").cpu_count() or 1) > 1:  # one core: torch's pool starts no thread
+        assert fresh == {pytest_pid}
+
+
 def test_rope_call_reaches_the_engine(pytester):
     """--rope-call qk checks a kernel in its (q, k) signature; a rope(x, positions) target
     asked for it is a clean usage error."""

@@ -24,8 +24,8 @@ def _strip_timing(value):
 
 
 def _report(out):
-    """One regeneration = one process (as a user runs it)."""
-    result = subprocess.run([sys.executable, "-m", "ropecheck.cli", "report", "--out", str(out),
+    """One regeneration = one process (the `ropecheck` command, as a user runs it)."""
+    result = subprocess.run([sys.executable, "-m", "ropecheck", "report", "--out", str(out),
                              "--target", "rotate-half", "--target", "cached", "--dtype", "float32"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -108,6 +108,31 @@ def test_a_checks_worker_is_forked_not_a_fresh_interpreter(tmp_path):
     assert children < 0.5, children  # the forked worker is the zygote's child: not counted here at all
 
 
+def test_a_zygote_is_forked_only_while_no_thread_has_started_since_torch_was_imported():
+    """Running torch starts OpenMP's pool (a thread per core), which a fork cannot take
+    along: after that the pytest plugin's workers start as fresh interpreters."""
+    code = (
+        "import threading, torch; from ropecheck.calling import spawn; b = spawn.threads(); "
+        "print(spawn.unthreaded_since(b)); torch.ones(10**6).exp(); print(spawn.unthreaded_since(b)); "
+        "print(spawn.unthreaded_since(0))"
+    )
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: torch's pool starts no thread")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False", "False"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("argv, forks", [(["report", "--target", "rotate-half"], True), (["check", "--in-process"], False),
+                                         (["list"], False)])
+def test_the_commands_that_run_targets_in_workers_fork_them_from_a_zygote(argv, forks):
+    """``check``, ``identify`` and ``report`` (a worker per target) fork their workers from
+    a zygote made before ropecheck runs torch; a fresh interpreter per worker would import
+    torch again (1.3 s of CPU each)."""
+    code = f"from ropecheck.calling import spawn; spawn.prestart({argv!r}); print(spawn._zygote is not None)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == [str(forks)], done.stdout + done.stderr
+
+
 def test_an_eager_verdict_imports_no_sympy(tmp_path):
     """torch.autograd.grad's shape check imports torch's symbolic shapes and sympy (a
     second, more than a ci verdict's calls); an eager backward goes to autograd's engine

@@ -195,7 +195,7 @@ def test_suite_passes_the_kernel_from_the_cli(tmp_path):
     accuracy horizon (strict bound) reaches 2^24."""
     report = tmp_path / "triton.json"
     env = dict(os.environ)
-    done = subprocess.run([sys.executable, "-m", "ropecheck.cli", "check", "triton", "--profile",
+    done = subprocess.run([sys.executable, "-m", "ropecheck", "check", "triton", "--profile",
                            "ci", "--dtype", "float32", "--max-examples", "8", "--json", str(report)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

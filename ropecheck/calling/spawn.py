@@ -9,9 +9,11 @@ torch already imported, in milliseconds and without a second import's CPU (2.4 s
 CI machine). The zygote reaps its workers and tells ropecheck how each one ended
 (``Forked``: what ``subprocess.Popen`` tells of a child).
 
-Without a zygote (a process that imported torch and ran it before: ``ropecheck.check``
-in a user's program, the pytest plugin), and for a worker under compute-sanitizer (which
-must exec it), a worker is a fresh interpreter (``python -c``). Nothing here imports
+The pytest plugin forks one too where it can tell that nothing has run torch since its
+import (``fork_zygote_if_unthreaded``). Without a zygote (a process that imported torch
+and ran it before: ``ropecheck.check`` in a user's program, a pytest run whose conftest
+ran torch), and for a worker under compute-sanitizer (which must exec it), a worker is a
+fresh interpreter (``python -c``). Nothing here imports
 torch but ``prestart``, for the zygote.
 """
 
@@ -37,7 +39,7 @@ from typing import NamedTuple, Optional
 from ropecheck.calling import quiet, sanitizer
 
 ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the ropecheck package
-COMMANDS_WITH_A_WORKER = ("check", "identify")
+COMMANDS_WITH_A_WORKER = ("check", "identify", "report")
 # The module whose ``serve`` a worker runs (named, not imported: it imports this one).
 WORKER = "ropecheck.calling.worker"
 
@@ -350,14 +352,39 @@ def fork_zygote(preload: tuple = ()) -> None:
             _zygote = None
 
 
+def threads() -> int:
+    """How many OS threads this process runs (Linux's /proc; 0 where it cannot be told)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def fork_zygote_if_unthreaded(baseline: int, preload: tuple = ()) -> bool:
+    """``fork_zygote``, in a process that may have run torch: only if it runs no more OS
+    threads than ``baseline``, counted (``threads()``) right after it imported torch, before
+    anything ran. Running torch starts OpenMP's pool (a thread per core), which a fork
+    cannot take along (a worker forked past it would deadlock at its first parallel
+    region); numpy's BLAS threads are there from the import on and survive a fork. Whether
+    this process has a zygote now."""
+    if _zygote is None and unthreaded_since(baseline):
+        fork_zygote(preload)
+    return _zygote is not None
+
+
+def unthreaded_since(baseline: int) -> bool:
+    """Whether this process runs no more OS threads than ``baseline`` (and can tell)."""
+    return bool(baseline) and threads() == baseline
+
+
 _spare: Optional[Started] = None
 
 
 def prestart(argv: list, preload: tuple = ()) -> None:
-    """If this command line will want a worker (``check`` or ``identify`` without
-    ``--in-process``, ``--sanitize`` or ``--help``): import torch and ``preload`` (the
-    loaders), fork the zygote, and start the first worker from it now, its target loading
-    while ropecheck's CLI imports."""
+    """If this command line will want a worker (``check``, ``identify`` or ``report``
+    without ``--in-process``, ``--sanitize`` or ``--help``): import torch and ``preload``
+    (the loaders), fork the zygote, and start the first worker from it now, its target
+    loading while ropecheck's CLI imports (``report``: a worker per target, each forked)."""
     global _spare
     words = [word for word in argv if not word.startswith("-")]
     wants = words and words[0] in COMMANDS_WITH_A_WORKER and "--in-process" not in argv

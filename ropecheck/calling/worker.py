@@ -146,7 +146,8 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         return not poisoned
 
     def on_warm(message: Warm) -> bool:
-        modes.warm_up(message.modes)
+        with memory.importing():  # mostly imports (dynamo, inductor): frozen, as the target's are
+            modes.warm_up(message.modes)
         return True
 
     handlers: dict[type, Callable[..., bool]] = {Warm: on_warm, Load: on_load, Call: on_call}
