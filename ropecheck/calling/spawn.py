@@ -13,8 +13,8 @@ The pytest plugin forks one too where it can tell that nothing has run torch sin
 import (``fork_zygote_if_unthreaded``). Without a zygote (a process that imported torch
 and ran it before: ``ropecheck.check`` in a user's program, a pytest run whose conftest
 ran torch), and for a worker under compute-sanitizer (which must exec it), a worker is a
-fresh interpreter (``python -c``). Nothing here imports
-torch but ``prestart``, for the zygote.
+fresh interpreter (``python -c``). Nothing here imports torch but ``prestart``, for the
+zygote.
 """
 
 from __future__ import annotations
@@ -360,16 +360,14 @@ def threads() -> int:
         return 0
 
 
-def fork_zygote_if_unthreaded(baseline: int, preload: tuple = ()) -> bool:
+def fork_zygote_if_unthreaded(baseline: int, preload: tuple = ()) -> None:
     """``fork_zygote``, in a process that may have run torch: only if it runs no more OS
     threads than ``baseline``, counted (``threads()``) right after it imported torch, before
     anything ran. Running torch starts OpenMP's pool (a thread per core), which a fork
     cannot take along (a worker forked past it would deadlock at its first parallel
-    region); numpy's BLAS threads are there from the import on and survive a fork. Whether
-    this process has a zygote now."""
+    region); numpy's BLAS threads are there from the import on and survive a fork."""
     if _zygote is None and unthreaded_since(baseline):
         fork_zygote(preload)
-    return _zygote is not None
 
 
 def unthreaded_since(baseline: int) -> bool:
