@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ropecheck.calling.worker import cores
 from ropecheck.properties.checks import PROPERTIES
 
 pytest_plugins = ["pytester"]
@@ -141,7 +142,7 @@ def test_the_target_s_worker_is_forked_unless_torch_ran_before_the_suite(pyteste
     pytest_pid, forked = parents(RECORD_PID)
     assert pytest_pid not in forked  # the zygote's child
     pytest_pid, fresh = parents(RECORD_PID + "import torch\ntorch.ones(10**6).exp()\n")
-    if (__import__("os").cpu_count() or 1) > 1:  # one core: torch's pool starts no thread
+    if cores() > 1:  # one core: torch's pool starts no thread
         assert fresh == {pytest_pid}
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from ropecheck.calling import spawn
 from ropecheck.calling.messages import Exit, dumps
+from ropecheck.calling.worker import cores
 
 KERNELS = str(Path(__file__).with_name("mode_kernels.py"))
 
@@ -112,18 +113,18 @@ def test_a_zygote_is_forked_only_while_no_thread_has_started_since_torch_was_imp
     """Running torch starts OpenMP's pool (a thread per core), which a fork cannot take
     along: after that the pytest plugin's workers start as fresh interpreters."""
     code = (
-        "import threading, torch; from ropecheck.calling import spawn; b = spawn.threads(); "
+        "import torch; from ropecheck.calling import spawn; b = spawn.threads(); "
         "print(spawn.unthreaded_since(b)); torch.ones(10**6).exp(); print(spawn.unthreaded_since(b)); "
         "print(spawn.unthreaded_since(0))"
     )
-    if (os.cpu_count() or 1) < 2:
+    if cores() < 2:
         pytest.skip("one core: torch's pool starts no thread")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "False", "False"], done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("argv, forks", [(["report", "--target", "rotate-half"], True), (["check", "--in-process"], False),
-                                         (["list"], False)])
+@pytest.mark.parametrize("argv, forks", [(["report", "--target", "rotate-half"], True),
+                                         (["check", "--in-process"], False), (["list"], False)])
 def test_the_commands_that_run_targets_in_workers_fork_them_from_a_zygote(argv, forks):
     """``check``, ``identify`` and ``report`` (a worker per target) fork their workers from
     a zygote made before ropecheck runs torch; a fresh interpreter per worker would import
