@@ -22,7 +22,7 @@ import torch
 
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.convention import Convention
-from ropecheck.properties.dtypes import UNIT_ROUNDOFF, dtype_name
+from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF, dtype_name
 from ropecheck.properties.tolerance import U32, ErrorModel
 
 VALUE_OPS = 6.0  # cos or sin to 2 ulp (4 u32), A rounded to float32 (u32), A times it (u32)

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ropecheck.properties.cases import as_float64
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.interface import CallError
 
 SEED = 20261126

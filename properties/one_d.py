@@ -18,7 +18,7 @@ import torch
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.convention import Convention
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.fixed_cases import (
     counts_up,
     critical_cases,

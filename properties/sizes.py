@@ -175,7 +175,7 @@ def huge_plan(sizes: Sizes, device: str, dtype: str) -> tuple[bool, str]:
         return False, ""
     import torch
 
-    from ropecheck.properties.dtypes import torch_dtype
+    from ropecheck.properties.core.dtypes import torch_dtype
 
     nbytes = HUGE_ELEMENTS * torch.empty((), dtype=torch_dtype(dtype)).element_size()
     gib = 2**30

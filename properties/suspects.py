@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
+from ropecheck.properties.core.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
 from ropecheck.reference import pair_indices
 from ropecheck.reference.scaling import Linear, Scaling
 

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ropecheck.properties.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
+from ropecheck.properties.core.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
 from ropecheck.properties.quantization import FORMATS
 
 U32 = UNIT_ROUNDOFF["float32"]

@@ -75,7 +75,7 @@ from hypothesis import strategies as st
 from ropecheck.properties.assertions import assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.convention import XposConvention, scores
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import (
     Declaration,

@@ -6,7 +6,7 @@ import pytest
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.targets.builtins import BUILTINS, builtin
-from ropecheck.properties.dtypes import DTYPES
+from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.targets import triton_builtins as triton_target
 from ropecheck.session.prepare import warm_up
 from tests.mutants import MUTANTS, mutant_target

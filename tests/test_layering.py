@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # (layer, the module-name prefixes it holds), lowest first
 LAYERS = (
     ("reference", ("ropecheck.reference",)),
+    # the laws, in layers of their own: the core (dtypes, sizes, the contract with the harness)
+    # below the inputs (cases, strategies), below the library interfaces, below the families
+    ("properties.core", ("ropecheck.properties.core",)),
     ("properties", ("ropecheck.properties",)),
     ("kernels", ("ropecheck.kernels",)),
     ("calling", ("ropecheck.calling",)),

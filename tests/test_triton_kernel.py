@@ -23,7 +23,7 @@ from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
 from ropecheck.properties.strategies import max_position_for
 from ropecheck.targets.builtins import builtin
-from ropecheck.properties.dtypes import DTYPES
+from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.targets import triton_builtins as triton_target
 from ropecheck.kernels.triton_env import triton_missing
 from ropecheck.session.loading import TargetLoadError, load

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ropecheck.properties.convention import Convention
-from ropecheck.properties.dtypes import DTYPES
+from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.targets.target import Target
 
 

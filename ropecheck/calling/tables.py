@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 
 
 def angles(convention, positions: np.ndarray, rotary_dim: int, seq_len: Optional[int] = None) -> np.ndarray:

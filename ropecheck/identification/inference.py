@@ -12,7 +12,7 @@ import torch
 from ropecheck.identification.fitting import wls
 from ropecheck.identification.probe import Probe
 from ropecheck.identification.result import RATIO_CAP, UNWRAP_LIMIT, Evidence, NotRotary
-from ropecheck.properties.dtypes import UNIT_ROUNDOFF, torch_dtype
+from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF, torch_dtype
 from ropecheck.properties.tolerance import K_OPS, U32, ErrorModel
 
 

@@ -17,7 +17,7 @@ from ropecheck.identification.result import (
     NotRotary,
     UnusableTarget,
 )
-from ropecheck.properties.dtypes import torch_dtype
+from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.targets.target import Target
 

@@ -9,7 +9,7 @@ import math
 from typing import Callable
 
 from ropecheck.calling import devices, modes
-from ropecheck.properties.dtypes import canonical
+from ropecheck.properties.core.dtypes import canonical
 from ropecheck.properties.sizes import parse as parse_sizes
 from ropecheck.reference.scaling import parse as parse_scaling
 
