@@ -24,7 +24,7 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
-from ropecheck.properties.quantization import format_name
+from ropecheck.properties.core.quantization import format_name
 
 CALL_FORMS = {
     "x": "rope(x, positions) -> y",

@@ -24,8 +24,8 @@ import torch
 
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.core.quantization import saturate, saturating, scales, variant_format
 from ropecheck.properties.one_d import Context
-from ropecheck.properties.quantization import saturate, saturating, scales, variant_format
 
 
 def fp8_saturation(ctx: Context, case: Case) -> float:

@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ropecheck.properties.core.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
-from ropecheck.properties.quantization import FORMATS
+from ropecheck.properties.core.quantization import FORMATS
 
 U32 = UNIT_ROUNDOFF["float32"]
 K_OPS = 6.0

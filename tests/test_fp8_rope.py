@@ -10,7 +10,7 @@ import pytest
 
 import ropecheck
 from ropecheck.calling.presets import PRESETS
-from ropecheck.properties.quantization import FORMATS, HEADROOM, quantized, scales
+from ropecheck.properties.core.quantization import FORMATS, HEADROOM, quantized, scales
 from ropecheck.properties.tolerance import ErrorModel
 
 KERNELS = "tests/fp8_kernels.py"

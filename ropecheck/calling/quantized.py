@@ -25,7 +25,7 @@ import torch
 
 from ropecheck.calling.forms import ReturnedWrong, _kind
 from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF, dtype_name
-from ropecheck.properties.quantization import Fp8Format, quantized, scales, variant_format
+from ropecheck.properties.core.quantization import Fp8Format, quantized, scales, variant_format
 
 OUTPUTS = ("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out")
 
