@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close
 from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.core.sizes import TOY
 from ropecheck.properties.interface import CallError
 from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
@@ -31,7 +32,6 @@ from ropecheck.properties.one_d import (
     where_pairs,
 )
 from ropecheck.properties.quantized_checks import QUANTIZED_CHECKS
-from ropecheck.properties.sizes import TOY
 from ropecheck.properties.strategies import (
     cases,
     example_grad_layout,

@@ -19,6 +19,7 @@ from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.core.sizes import huge_fits
 from ropecheck.properties.fixed_cases import (
     counts_up,
     critical_cases,
@@ -31,7 +32,6 @@ from ropecheck.properties.fixed_cases import (
 )
 from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
-from ropecheck.properties.sizes import huge_fits
 from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE
 from ropecheck.reference.scaling import Scaling

@@ -23,7 +23,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
-from ropecheck.properties.sizes import TOY, Sizes, common_head_dim
+from ropecheck.properties.core.sizes import TOY, Sizes, common_head_dim
 
 MAX_POSITION = 2**24
 POSITION_BUDGET = 2**27

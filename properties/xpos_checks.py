@@ -76,6 +76,7 @@ from ropecheck.properties.assertions import assert_close, assert_distinct
 from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.convention import XposConvention, scores
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import (
     Declaration,
@@ -86,7 +87,6 @@ from ropecheck.properties.property import (
     SmokeInput,
     family_registry,
 )
-from ropecheck.properties.sizes import TOY, Sizes
 from ropecheck.properties.strategies import (
     SCORES_MAX_SEQ,
     fitted_seq,

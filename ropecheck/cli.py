@@ -88,7 +88,7 @@ def check(options):
         raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         fail(console, "interrupted", EXIT_FAILED, records)
-    from ropecheck.properties.sizes import sizes_lines
+    from ropecheck.properties.core.sizes import sizes_lines
 
     target, run = session.target, session.run_options
     console.print(

@@ -17,12 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ropecheck.properties import cases as case_module
-from ropecheck.properties import checks, one_d, sizes as size_sets
+from ropecheck.properties import checks, one_d
+from ropecheck.properties.core import sizes as size_sets
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
-from ropecheck.properties.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
+from ropecheck.properties.core.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
 from ropecheck.properties.fixed_cases import huge_case, production_cases
 from ropecheck.properties.strategies import cases
 from ropecheck.reference.scaling import parse as parse_scaling
@@ -273,7 +274,7 @@ def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
             longest[name] = max(longest[name], case.seq)
 
     draw()
-    from ropecheck.properties.sizes import sizes_lines
+    from ropecheck.properties.core.sizes import sizes_lines
     assert sizes_lines(PRODUCTION, nd, ["float32"]) == [
         "sizes production: head sizes 16 (the target's), seq up to 8192, heads 1/2/8/32, q/k ratios 1/4/8/32"]
     assert sizes_lines(TOY, nd, ["float32"]) == []

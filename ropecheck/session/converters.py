@@ -10,7 +10,7 @@ from typing import Callable
 
 from ropecheck.calling import devices, modes
 from ropecheck.properties.core.dtypes import canonical
-from ropecheck.properties.sizes import parse as parse_sizes
+from ropecheck.properties.core.sizes import parse as parse_sizes
 from ropecheck.reference.scaling import parse as parse_scaling
 
 MAX_POSITION_RANGE = (255, 2**24)  # --max-position: the declared position range 0 .. N
