@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.interface import CallError, Subject
+from ropecheck.properties.core.contract import CallError, Subject
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, Property, family_registry
 from ropecheck.reference import multimodal as mm
 

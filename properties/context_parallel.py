@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ropecheck.properties.cases import as_float64
+from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.dtypes import torch_dtype
-from ropecheck.properties.interface import CallError
 
 SEED = 20261126
 HEADS = 2

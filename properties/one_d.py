@@ -18,6 +18,7 @@ import torch
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.convention import Convention
+from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import huge_fits
 from ropecheck.properties.fixed_cases import (
@@ -30,7 +31,6 @@ from ropecheck.properties.fixed_cases import (
     switch_cases,
     within,
 )
-from ropecheck.properties.interface import Subject
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ropecheck.properties.accuracy import sweep_positions
-from ropecheck.properties.interface import CallError
+from ropecheck.properties.core.contract import CallError
 
 FORMULA = "f(x, m) is defined for every position 0 <= m <= N, the declared --max-position (default 2^24)"
 

@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional
 
 from hypothesis import strategies as st
 
+from ropecheck.properties.core.contract import CALL_FORMS, TENSOR_FORMS, CallError, Subject, TargetHung
 from ropecheck.properties.core.sizes import TOY, Sizes
-from ropecheck.properties.interface import CALL_FORMS, TENSOR_FORMS, CallError, Subject, TargetHung
 from ropecheck.properties.registry import property_registry
 from ropecheck.properties.tolerance import ErrorModel
 

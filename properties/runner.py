@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.properties.assertions import CheckFailure
+from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.sizes import SIZES, Sizes
 from ropecheck.properties.core.sizes import parse as parse_sizes
 from ropecheck.properties.diagnosis import likely_cause
-from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.properties.one_d import Context
 from ropecheck.properties.property import Property
 from ropecheck.properties.strategies import FREE_HEAD_DIMS

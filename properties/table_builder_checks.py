@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.builder_tables import TableConvention, judge, read_cache, read_table, same_tables
-from ropecheck.properties.interface import Subject
+from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.one_d import _declare as declare_1d
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.properties.strategies import MAX_POSITION

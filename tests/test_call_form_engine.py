@@ -14,7 +14,7 @@ from ropecheck.properties.runner import RunOptions, call_time_limit, run_propert
 from ropecheck.properties.fixed_cases import counts_up, critical_cases, in_form, large_cases, within
 from ropecheck.properties.strategies import cases
 from ropecheck.calling.forms import segment_lengths
-from ropecheck.properties.interface import CallError
+from ropecheck.properties.core.contract import CallError
 from ropecheck.targets.target import Convention, Target
 from tests import call_form_kernels as kernels
 from tests.test_cli import check

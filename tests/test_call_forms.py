@@ -362,7 +362,7 @@ def test_the_finite_output_check_sees_every_inf_and_nan_and_no_overflowing_sum(d
     """validate looks at the sum first: finite, no inf or nan among the terms; an inf or a
     nan anywhere, or finite values whose sum overflows, take the element-wise look."""
     from ropecheck.calling.caller import validate
-    from ropecheck.properties.interface import CallError
+    from ropecheck.properties.core.contract import CallError
 
     big = torch.full((4, 64, 2, 8), torch.finfo(dtype).max / 2, dtype=dtype)  # its sum is inf
     validate(big, big)

@@ -337,7 +337,7 @@ def test_a_report_during_a_call_is_that_call_s_finding(kernel):
     and runs the worker); a report written during a call makes that call a contract
     breach of kind "sanitizer", naming the kernel and the access; a call without one is
     clean."""
-    from ropecheck.properties.interface import CallError
+    from ropecheck.properties.core.contract import CallError
     from ropecheck.session.loading import load
 
     x, p = torch.randn(1, 2, 1, 8), torch.zeros(1, 2, dtype=torch.int64)
@@ -363,7 +363,7 @@ def test_a_report_before_the_process_ends_is_the_cause_of_the_crash(kernel):
     ended; compute-sanitizer exited with its error status. The report it wrote is that
     call's finding, named before the crash (it was lost with the log and the check said
     only 'exit status 86')."""
-    from ropecheck.properties.interface import CallError
+    from ropecheck.properties.core.contract import CallError
     from ropecheck.session.loading import load
 
     planted = load(f"{kernel}:dies", worker=True, sanitize="memcheck")

@@ -33,8 +33,8 @@ from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, 
 from ropecheck.calling.kv_cache import KVCacheCall
 from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.cases import LAYOUTS
+from ropecheck.properties.core.contract import Table, segment_lengths
 from ropecheck.properties.core.dtypes import dtype_name
-from ropecheck.properties.interface import Table, segment_lengths
 
 
 def _tokens(t: torch.Tensor, flat: bool) -> Optional[torch.Tensor]:

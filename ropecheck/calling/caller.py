@@ -4,7 +4,7 @@ A :class:`Caller` hands each call, as a ``Request``, to the target's executor (i
 process, or this process: ``ropecheck.calling.execution`` runs the call the same way in
 both) and checks what comes back: a tensor, x's shape, dtype and device, finite for finite
 input, inputs untouched. Any breach is a ``CallError`` (a finding about the target); a call
-that does not return in time is ``TargetHung`` (both ``ropecheck.properties.interface``).
+that does not return in time is ``TargetHung`` (both ``ropecheck.properties.core.contract``).
 It is the ``Rope`` the checks call.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
-from ropecheck.properties.interface import CallError
+from ropecheck.properties.core.contract import CallError
 
 DEFAULT_TIMEOUT = 20.0
 COMPILING_MODES = ("compile", "cudagraph")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ropecheck.calling.devices import strided_copy
-from ropecheck.properties.interface import segment_lengths
+from ropecheck.properties.core.contract import segment_lengths
 
 
 class ReturnedWrong(Exception):

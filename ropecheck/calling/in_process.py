@@ -15,7 +15,7 @@ from typing import Callable
 
 from ropecheck.calling import modes, quiet
 from ropecheck.calling.execution import Execution, Outcome, Request
-from ropecheck.properties.interface import TargetHung
+from ropecheck.properties.core.contract import TargetHung
 
 HARD_KILL_GRACE = 10.0
 

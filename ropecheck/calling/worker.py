@@ -42,7 +42,7 @@ import torch
 from ropecheck.calling import memory, modes, quiet, sanitizer, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
 from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, Warm, dumps
-from ropecheck.properties.interface import CallError, TargetHung
+from ropecheck.properties.core.contract import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
 _CUDA_FAULT = re.compile(

@@ -95,7 +95,7 @@ from ropecheck.identification.result import (
     NotRotary,
     UnusableTarget,
 )
-from ropecheck.properties.interface import CallError, TargetHung
+from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.tolerance import ErrorModel
 from ropecheck.session.loading import TargetLoadError, load
 from ropecheck.targets.target import Target

@@ -13,7 +13,7 @@ from ropecheck.identification.inference import Bounds, fit_base, match_layout, p
 from ropecheck.identification.probe import probe_at
 from ropecheck.identification.result import EXTRA_HEAD_DIMS, PINNED, Evidence, Identification
 from ropecheck.identification.scaling import best_segments, linear_candidate, match
-from ropecheck.properties.interface import CallError, TargetHung
+from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.tolerance import ErrorModel
 
 

@@ -17,8 +17,8 @@ from ropecheck.identification.result import (
     NotRotary,
     UnusableTarget,
 )
+from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.dtypes import torch_dtype
-from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.targets.target import Target
 
 

@@ -24,8 +24,8 @@ from ropecheck.calling import quiet
 from ropecheck.calling.execution import describe_exception
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.worker import Worker, WorkerError
+from ropecheck.properties.core.contract import ARITY, CALL_FORMS, check_call
 from ropecheck.properties.families import FAMILIES
-from ropecheck.properties.interface import ARITY, CALL_FORMS, check_call
 from ropecheck.targets.builtins import BUILTINS, builtin
 from ropecheck.targets.target import Target
 

@@ -24,8 +24,8 @@ from typing import Any, Iterable, Mapping
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.sanitizer import TOOLS
+from ropecheck.properties.core.contract import CALL_FORMS
 from ropecheck.properties.families import FAMILIES
-from ropecheck.properties.interface import CALL_FORMS
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES
 from ropecheck.reference import LAYOUTS
 from ropecheck.session.converters import (

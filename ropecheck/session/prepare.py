@@ -10,8 +10,8 @@ import numpy as np
 from rich.markup import escape
 
 from ropecheck.calling import modes as run_modes
+from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.dtypes import canonical
-from ropecheck.properties.interface import CallError, TargetHung
 from ropecheck.properties.property import FamilyError, smoke_call
 from ropecheck.properties.runner import PROFILES, RunOptions
 from ropecheck.session import known_failures

@@ -15,8 +15,8 @@ import torch
 
 from ropecheck.calling import modes as run_modes
 from ropecheck.properties import position_range
+from ropecheck.properties.core.contract import TargetHung
 from ropecheck.properties.core.dtypes import torch_dtype
-from ropecheck.properties.interface import TargetHung
 from ropecheck.properties.property import RANGE_PROBE, Property
 from ropecheck.properties.runner import Result, RunOptions, run_property
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION

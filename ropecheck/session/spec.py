@@ -14,8 +14,8 @@ from typing import Optional
 
 from ropecheck.calling import context_parallel, devices, quiet, sanitizer
 from ropecheck.calling.presets import PRESETS
+from ropecheck.properties.core.contract import TENSOR_FORMS
 from ropecheck.properties.families import family as family_record
-from ropecheck.properties.interface import TENSOR_FORMS
 from ropecheck.properties.property import Family, FamilyError
 from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
 from ropecheck.session.options import BY_NAME, FAMILY_PARAMETERS, Options, UsageError
