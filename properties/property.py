@@ -31,7 +31,7 @@ class FamilyContext:
     target: Subject
     dtype: str
     timeout: Optional[float] = 20.0
-    sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.sizes)
+    sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.core.sizes)
     rope: Any = field(init=False)
     models: dict = field(init=False, default_factory=dict)  # fp8 format ("" none) -> its ErrorModel
 

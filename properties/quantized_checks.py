@@ -4,7 +4,7 @@ table (``QUANTIZED_CHECKS``).
 
 - fp8-saturation: past the format's largest finite value M, an output saturates to +-M.
   No other check reaches that value (ropecheck's scales keep every drawn output below M /
-  2, ``properties.quantization``); here the input's own call variant is called in its
+  2, ``properties.core.quantization``); here the input's own call variant is called in its
   saturating form, each tensor scaled by 2 M / A (A its largest |value|), so that every
   element past A / 2 saturates, in q and in k. The dequantized output is compared with
   clip(A_m R_m x s, -M, M) / s (A_m the scaling's attention factor, the scales recomputed

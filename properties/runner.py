@@ -32,7 +32,7 @@ PROFILES = {
     "ci": {"max_examples": 20, "derandomize": True},
     "dev": {"max_examples": 40},
     "thorough": {"max_examples": 300},
-    # production sizes (properties.sizes): fewer examples, each up to 2^24 elements
+    # production sizes (properties.core.sizes): fewer examples, each up to 2^24 elements
     "production": {"max_examples": 12, "derandomize": True},
 }
 # The sizes a profile draws at, unless --sizes says otherwise: toy for the others.

@@ -39,7 +39,7 @@ BOUNDARIES = tuple(
 # distinct sizes keep targets that build a cos/sin table per head size from rebuilding
 # it on every call; the sizes are the same in every run, so verdicts do not depend on
 # the seed.
-FREE_HEAD_DIMS = TOY.head_dims  # the production sizes draw more (properties.sizes)
+FREE_HEAD_DIMS = TOY.head_dims  # the production sizes draw more (properties.core.sizes)
 
 
 def scales(dtype: str) -> tuple[float, ...]:

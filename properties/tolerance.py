@@ -43,7 +43,7 @@ by two independent effects:
      in 1. (K_OPS): the angle term 2. becomes u_T |m| theta_i, a sixth (or less) of the
      float32 allowance.
 
-4. Outputs quantized to fp8 with a per-tensor scale s (``properties.quantization``; the
+4. Outputs quantized to fp8 with a per-tensor scale s (``properties.core.quantization``; the
    checks read out / s in the input's dtype): after the rotation above, the product with
    s rounds once in the compute dtype (u), the fp8 conversion once (u8 = 2^-4 for e4m3,
    2^-3 for e5m2, relative, where the value is a normal fp8 number), and the division by

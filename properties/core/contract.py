@@ -89,7 +89,7 @@ class Interface:
     and k come in layouts of their own (separate tensors with their own strides), whether
     it takes the batch flattened into tokens, the fp8 formats it quantizes its outputs to
     (``quantized``: its call variants are named by them, each input takes one; the checks
-    read the dequantized outputs, ``properties.quantization``), and what it names its
+    read the dequantized outputs, ``properties.core.quantization``), and what it names its
     arguments."""
 
     name: str

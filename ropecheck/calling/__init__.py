@@ -5,6 +5,6 @@
   an ``Outcome``; ``devices`` and ``modes``: where its inputs are made and how it is run;
 - ``in_process`` and ``worker`` (with ``spawn``): the two executors, this process and a
   worker process that a crash or a hang cannot take ropecheck down with;
-- ``caller``: the ``Caller`` the checks call (``properties.interface.Rope``), which hands
+- ``caller``: the ``Caller`` the checks call (``properties.core.contract.Rope``), which hands
   requests to an executor and checks what comes back.
 """

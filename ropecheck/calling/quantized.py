@@ -6,7 +6,7 @@ The call: q and k (views of x, in the preset's (tokens, heads, head_dim) format)
 split at the rotary dimension into their rotated parts (``q_rope``, ``k_rope``) and the
 features past it (``q_nope``, ``k_nope``), views all four; the call variant names the fp8
 format (``quantize_dtype``) and whether its scales saturate, and ``quant_scale_q`` and
-``quant_scale_kv`` are chosen from q's and k's values (``properties.quantization``). The
+``quant_scale_kv`` are chosen from q's and k's values (``properties.core.quantization``). The
 kernel returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``.
 
 The interface's promises, each a finding that names the tensor (and the token, head and

@@ -1,7 +1,7 @@
 """The one target record: an implementation under test, whatever its family and call form.
 
 A ``Target`` holds the callable and everything a check may ask of it (it is the
-``properties.interface.Subject`` the checks read): its family (``--family``; 1-D RoPE is
+``properties.core.contract.Subject`` the checks read): its family (``--family``; 1-D RoPE is
 ``rope``), its call form (``rope(x, positions)``, ``(q, k, positions)``, packed, or
 ``build_positions(segments)`` for a position builder), its family's convention (what the
 float64 reference computes), and its capabilities (dtypes, devices, backward, in place,
@@ -37,7 +37,7 @@ class Target:
     fn: Optional[Callable]
     convention: Any = None  # its family's convention (None: spec-free checks only)
     family: str = "rope"  # properties.families: rope (1-D), axial, mrope, nd, xpos, *-builder
-    call: str = "x"  # its call form (properties.interface.CALL_FORMS)
+    call: str = "x"  # its call form (properties.core.contract.CALL_FORMS)
     dtypes: tuple[str, ...] = tuple(DTYPES)
     backward: bool = True
     inplace: bool = False
@@ -85,7 +85,7 @@ class Target:
         return PRESETS[self.api].interface if self.api else None
 
     def caller(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
-        """The target called under the contract (``properties.interface.Rope``), in its
+        """The target called under the contract (``properties.core.contract.Rope``), in its
         executor: its worker, or this process."""
         executor: Executor
         if self.executor is not None:
