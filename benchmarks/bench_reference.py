@@ -44,7 +44,7 @@ def test_reference_check_memory_at_production_size(benchmark, monkeypatch, chunk
     import torch
 
     from ropecheck.properties import one_d
-    from ropecheck.properties.cases import Case, as_float64
+    from ropecheck.properties.inputs.cases import Case, as_float64
     from ropecheck.targets.target import Convention, Target
 
     # a smoke run (--benchmark-disable, as the test command runs it) takes a small input

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 import ropecheck.reference as reference
-from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.core.contract import CallError
+from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
 
 SWEEP_HEADS = 4

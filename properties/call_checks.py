@@ -15,9 +15,9 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close
-from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.sizes import TOY
+from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
     Context,

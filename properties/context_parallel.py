@@ -28,9 +28,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropecheck.properties.cases import as_float64
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.inputs.cases import as_float64
 
 SEED = 20261126
 HEADS = 2

@@ -57,9 +57,9 @@ import numpy as np
 import torch
 
 from ropecheck.properties import context_parallel, interface_causes
-from ropecheck.properties.cases import as_float64
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.inputs.cases import as_float64
 from ropecheck.properties.suspects import CANDIDATES, Candidate, Model, Probe, rotation
 
 HEADS = 4

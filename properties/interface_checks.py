@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ropecheck.properties.assertions import AXES_3D, assert_close
-from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.one_d import Context, eps, vector_norms
 
 

@@ -15,9 +15,9 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
-from ropecheck.properties.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.fixed_cases import in_form, within
+from ropecheck.properties.inputs.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.one_d import (
     Context,
     Probe,

@@ -31,10 +31,10 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
-from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
+from ropecheck.properties.inputs.cases import Case, as_float64, nested
 from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
 from ropecheck.properties.strategies import (
     SCORES_MAX_SEQ,

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from ropecheck.properties.assertions import Tally
-from ropecheck.properties.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
@@ -31,6 +30,7 @@ from ropecheck.properties.fixed_cases import (
     switch_cases,
     within,
 )
+from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE

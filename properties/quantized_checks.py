@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ropecheck.properties.assertions import Tally
-from ropecheck.properties.cases import Case, as_float64
 from ropecheck.properties.core.quantization import saturate, saturating, scales, variant_format
+from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.one_d import Context
 
 

@@ -22,8 +22,8 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import strategies as st
 
-from ropecheck.properties.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
 from ropecheck.properties.core.sizes import TOY, Sizes, common_head_dim
+from ropecheck.properties.inputs.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
 
 MAX_POSITION = 2**24
 POSITION_BUDGET = 2**27

@@ -73,11 +73,11 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import assert_close, assert_distinct
-from ropecheck.properties.cases import Case, as_float64, nested
 from ropecheck.properties.convention import XposConvention, scores
 from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
+from ropecheck.properties.inputs.cases import Case, as_float64, nested
 from ropecheck.properties.property import (
     Declaration,
     Family,

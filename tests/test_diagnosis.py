@@ -276,7 +276,7 @@ def test_angle_rounding_error_grows_and_cos_sin_rounding_does_not():
     envelopes rely on): angles in bf16 reach O(1) at large m, cos/sin in bf16 stay under
     u_bf16 = 2^-8 of the pair's norm."""
     import numpy as np
-    from ropecheck.properties.cases import as_float64
+    from ropecheck.properties.inputs.cases import as_float64
     limit = 2**20
     positions = probe_positions(limit)
     x = torch.randn(2, positions.shape[1], 2, 64, generator=torch.Generator().manual_seed(0))

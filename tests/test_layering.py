@@ -22,6 +22,7 @@ LAYERS = (
     # the laws, in layers of their own: the core (dtypes, sizes, the contract with the harness)
     # below the inputs (cases, strategies), below the library interfaces, below the families
     ("properties.core", ("ropecheck.properties.core",)),
+    ("properties.inputs", ("ropecheck.properties.inputs",)),
     ("properties", ("ropecheck.properties",)),
     ("kernels", ("ropecheck.kernels",)),
     ("calling", ("ropecheck.calling",)),

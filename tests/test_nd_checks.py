@@ -189,7 +189,7 @@ def test_one_axis_reference_is_the_1d_reference(layout):
 
 
 def test_one_axis_cases_hand_1d_targets_their_positions():
-    from ropecheck.properties.cases import Case
+    from ropecheck.properties.inputs.cases import Case
     case = Case("float32", 2, 3, 1, 8, ((0, 1, 2), (5, 6, 7)))
     assert case.n_axes == 1 and case.positions_array().shape == (2, 3) and case.axes_array().shape == (2, 3, 1)
 

@@ -16,11 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ropecheck.properties import cases as case_module
+from ropecheck.properties.inputs import cases as case_module
 from ropecheck.properties import checks, one_d
 from ropecheck.properties.core import sizes as size_sets
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.cases import Case, as_float64
+from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
 from ropecheck.properties.core.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse

@@ -9,7 +9,7 @@ import torch
 
 from ropecheck import reference
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.cases import Case
+from ropecheck.properties.inputs.cases import Case
 from ropecheck.properties.checks import PROPERTIES, Context
 from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.targets.builtins import builtin

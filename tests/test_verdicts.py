@@ -346,7 +346,7 @@ def test_an_output_holding_nan_is_not_a_changed_output():
 def test_statelessness_example_keeps_to_the_other_dtypes_magnitudes():
     """The explicit distractor of statelessness is the case in another dtype: at float16 it
     must not carry the 1e5 scale float16 cannot hold (an input no model produces)."""
-    from ropecheck.properties.cases import Case
+    from ropecheck.properties.inputs.cases import Case
     from ropecheck.properties.checks import PROPERTIES, Context
     from ropecheck.properties.strategies import scales
     from ropecheck.targets.builtins import builtin
@@ -491,7 +491,7 @@ def test_a_broadcast_gradient_reaches_the_backward_as_a_broadcast(layout):
     memory, where copy_ and mul_ raise) is still the grad_output finding."""
     import torch
 
-    from ropecheck.properties.cases import Case
+    from ropecheck.properties.inputs.cases import Case
     from ropecheck.calling.execution import Execution
 
     seen = []

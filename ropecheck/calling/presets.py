@@ -27,9 +27,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ropecheck.properties.cases import INTERFACE_LAYOUTS
 from ropecheck.properties.core.contract import Interface, Table
 from ropecheck.properties.core.quantization import FORMATS
+from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
 # the roles whose value is always the parameter's default: never passed, so a kernel need
