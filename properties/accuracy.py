@@ -17,7 +17,7 @@ import torch
 import ropecheck.reference as reference
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.inputs.cases import Case, as_float64
-from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
+from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
 
 SWEEP_HEADS = 4
 

@@ -18,6 +18,12 @@ from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.sizes import TOY
 from ropecheck.properties.inputs.cases import Case, as_float64
+from ropecheck.properties.inputs.strategies import (
+    cases,
+    example_grad_layout,
+    grad_layouts,
+    scales,
+)
 from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
     Context,
@@ -32,12 +38,6 @@ from ropecheck.properties.one_d import (
     where_pairs,
 )
 from ropecheck.properties.quantized_checks import QUANTIZED_CHECKS
-from ropecheck.properties.strategies import (
-    cases,
-    example_grad_layout,
-    grad_layouts,
-    scales,
-)
 
 
 @register(

@@ -12,7 +12,7 @@ import numpy as np
 from ropecheck.properties.core.contract import segment_lengths
 from ropecheck.properties.core.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim
 from ropecheck.properties.inputs.cases import Case
-from ropecheck.properties.strategies import (
+from ropecheck.properties.inputs.strategies import (
     FREE_HEAD_DIMS,
     PACKED_MEMORY,
     fitted_seq,

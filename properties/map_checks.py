@@ -18,6 +18,11 @@ from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.fixed_cases import in_form, within
 from ropecheck.properties.inputs.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.inputs.strategies import (
+    FREE_HEAD_DIMS,
+    SCORES_MAX_SEQ,
+    position_grids,
+)
 from ropecheck.properties.one_d import (
     Context,
     Probe,
@@ -28,11 +33,6 @@ from ropecheck.properties.one_d import (
     register,
     shift_range,
     vector_norms,
-)
-from ropecheck.properties.strategies import (
-    FREE_HEAD_DIMS,
-    SCORES_MAX_SEQ,
-    position_grids,
 )
 
 # --- contract ----------------------------------------------------------------------

@@ -35,8 +35,7 @@ from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.inputs.cases import Case, as_float64, nested
-from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
-from ropecheck.properties.strategies import (
+from ropecheck.properties.inputs.strategies import (
     SCORES_MAX_SEQ,
     cut_lengths,
     example_grad_layout,
@@ -50,6 +49,7 @@ from ropecheck.properties.strategies import (
     seq_lengths,
     small_offsets,
 )
+from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
 from ropecheck.reference.nd import PairRotation
 
 ND_MAX_POSITION = 2**16

@@ -31,8 +31,8 @@ from ropecheck.properties.fixed_cases import (
     within,
 )
 from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.inputs.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
-from ropecheck.properties.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.reference.rope import DEFAULT_BASE
 from ropecheck.reference.scaling import Scaling
 

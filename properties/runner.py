@@ -23,9 +23,9 @@ from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.sizes import SIZES, Sizes
 from ropecheck.properties.core.sizes import parse as parse_sizes
 from ropecheck.properties.diagnosis import likely_cause
+from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS
 from ropecheck.properties.one_d import Context
 from ropecheck.properties.property import Property
-from ropecheck.properties.strategies import FREE_HEAD_DIMS
 
 PROFILES = {
     # derandomized, bounded: the same verdict on every run

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.builder_tables import TableConvention, judge, read_cache, read_table, same_tables
 from ropecheck.properties.core.contract import Subject
+from ropecheck.properties.inputs.strategies import MAX_POSITION
 from ropecheck.properties.one_d import _declare as declare_1d
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
-from ropecheck.properties.strategies import MAX_POSITION
 
 BOUNDARY = (0, 1, 255, 256, 257, 2047, 2048, 2049, 4095, 4096, 32767, 32768, 65504, 65505, 2**20 + 1, 2**24)
 MAX_CACHE = 2**15  # rows of the largest cache drawn (the fixed inputs add the switch lengths)

@@ -42,7 +42,7 @@ import torch
 from ropecheck.properties.assertions import assert_close
 from ropecheck.properties.convention import scores
 from ropecheck.properties.inputs.cases import Case, as_float64
-from ropecheck.properties.strategies import example_grad_layout, grad_layouts
+from ropecheck.properties.inputs.strategies import example_grad_layout, grad_layouts
 from ropecheck.properties.xpos_checks import SCORE_AXES, XposContext, attends, split_qk, xpos_register
 from ropecheck.reference.rope import pair_indices
 

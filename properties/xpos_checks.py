@@ -78,6 +78,15 @@ from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.inputs.cases import Case, as_float64, nested
+from ropecheck.properties.inputs.strategies import (
+    SCORES_MAX_SEQ,
+    fitted_seq,
+    grouped_heads,
+    k_heads,
+    prime_step,
+    seq_lengths,
+    small_offsets,
+)
 from ropecheck.properties.property import (
     Declaration,
     Family,
@@ -86,15 +95,6 @@ from ropecheck.properties.property import (
     Property,
     SmokeInput,
     family_registry,
-)
-from ropecheck.properties.strategies import (
-    SCORES_MAX_SEQ,
-    fitted_seq,
-    grouped_heads,
-    k_heads,
-    prime_step,
-    seq_lengths,
-    small_offsets,
 )
 from ropecheck.properties.tolerance import U32
 from ropecheck.reference.relatives import xpos_zeta

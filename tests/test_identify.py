@@ -23,7 +23,7 @@ from ropecheck.identification.engine import identify
 from ropecheck.identification.result import Identification
 from ropecheck.identification.inference import round_within
 from ropecheck.targets.target import Target
-from ropecheck.properties.strategies import FREE_HEAD_DIMS
+from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS
 from ropecheck.reference.scaling import parse
 
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from ropecheck.properties.nd_checks import INVERTIBILITY_STEP, ND_PROPERTIES, limit
-from ropecheck.properties.strategies import prime_step
+from ropecheck.properties.inputs.strategies import prime_step
 from ropecheck.targets.target import Target
 from ropecheck.properties.runner import run_property
 from ropecheck.properties.runner import RunOptions

@@ -25,7 +25,7 @@ from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
 from ropecheck.properties.core.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
 from ropecheck.properties.fixed_cases import huge_case, production_cases
-from ropecheck.properties.strategies import cases
+from ropecheck.properties.inputs.strategies import cases
 from ropecheck.reference.scaling import parse as parse_scaling
 from ropecheck.targets.target import Convention, Target
 from tests.test_cli import FP32, check
@@ -73,7 +73,7 @@ def test_one_model_draws_one_head_size_head_count_and_layout(data):
 
 def test_one_models_fixed_inputs_keep_their_positions_in_the_models_shapes():
     from ropecheck.properties.fixed_cases import critical_cases, for_model
-    from ropecheck.properties.strategies import max_position_for
+    from ropecheck.properties.inputs.strategies import max_position_for
 
     model = TOY.one_model()
     for call in ("x", "qk", "packed"):
@@ -252,7 +252,7 @@ def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
     """N-D and xPos targets keep their own head sizes and take the production sequences,
     heads and q/k ratios; checks that compare (seq x seq) scores stop at SCORES_MAX_SEQ."""
     from ropecheck.properties.nd_checks import ND_PROPERTIES, nd_cases
-    from ropecheck.properties.strategies import SCORES_MAX_SEQ
+    from ropecheck.properties.inputs.strategies import SCORES_MAX_SEQ
     from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, xpos_cases
 
     nd = Target("nd", lambda x, p: x, family="nd", n_axes=3, head_dims=(16,), call="qk")

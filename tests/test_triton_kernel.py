@@ -21,7 +21,7 @@ import torch
 from ropecheck import reference
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, run_property
-from ropecheck.properties.strategies import max_position_for
+from ropecheck.properties.inputs.strategies import max_position_for
 from ropecheck.targets.builtins import builtin
 from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.targets import triton_builtins as triton_target

@@ -348,7 +348,7 @@ def test_statelessness_example_keeps_to_the_other_dtypes_magnitudes():
     must not carry the 1e5 scale float16 cannot hold (an input no model produces)."""
     from ropecheck.properties.inputs.cases import Case
     from ropecheck.properties.checks import PROPERTIES, Context
-    from ropecheck.properties.strategies import scales
+    from ropecheck.properties.inputs.strategies import scales
     from ropecheck.targets.builtins import builtin
 
     target = builtin("rotate-half").with_(dtypes=("float32", "float16"))

@@ -30,7 +30,7 @@ def measure_more(ident, caller, positions) -> list[Measured]:
     may be pinned only per rotary dim: YaRN's integer ramp ends), when the whole head
     rotates in a standard layout; each read as in steps 4-5 (blocks a R(phi), angles linear
     in m), with the bounds of its own amplitude. A head dim the target refuses is noted."""
-    from ropecheck.properties.strategies import FREE_HEAD_DIMS  # what ropecheck check draws
+    from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS  # what ropecheck check draws
 
     if ident.layout is None or ident.rotary_dim != ident.head_dim:
         return []

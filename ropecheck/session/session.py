@@ -17,9 +17,9 @@ from ropecheck.calling import modes as run_modes
 from ropecheck.properties import position_range
 from ropecheck.properties.core.contract import TargetHung
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck.properties.property import RANGE_PROBE, Property
 from ropecheck.properties.runner import Result, RunOptions, run_property
-from ropecheck.properties.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck.session import known_failures
 from ropecheck.session.options import Options
 from ropecheck.session.sharing import Share
