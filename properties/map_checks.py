@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
 from ropecheck.properties.core.contract import CallError
-from ropecheck.properties.fixed_cases import in_form, within
 from ropecheck.properties.inputs.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.inputs.fixed_cases import in_form, within
 from ropecheck.properties.inputs.strategies import (
     FREE_HEAD_DIMS,
     SCORES_MAX_SEQ,

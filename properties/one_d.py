@@ -20,7 +20,8 @@ from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import huge_fits
-from ropecheck.properties.fixed_cases import (
+from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.inputs.fixed_cases import (
     counts_up,
     critical_cases,
     for_model,
@@ -30,7 +31,6 @@ from ropecheck.properties.fixed_cases import (
     switch_cases,
     within,
 )
-from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.inputs.strategies import MAX_POSITION, cases, max_position_for
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.reference.rope import DEFAULT_BASE

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 from ropecheck.properties.checks import PROPERTIES
 from ropecheck.properties.runner import RunOptions, call_time_limit, run_property
-from ropecheck.properties.fixed_cases import counts_up, critical_cases, in_form, large_cases, within
+from ropecheck.properties.inputs.fixed_cases import counts_up, critical_cases, in_form, large_cases, within
 from ropecheck.properties.inputs.strategies import cases
 from ropecheck.calling.forms import segment_lengths
 from ropecheck.properties.core.contract import CallError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ropecheck
-from ropecheck.properties.fixed_cases import switch_cases
+from ropecheck.properties.inputs.fixed_cases import switch_cases
 from ropecheck.reference.scaling import DynamicNTK, Linear, Llama3, LongRoPE, YaRN, parse
 from tests.real_config_kernels import CONFIGS
 

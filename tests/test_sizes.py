@@ -24,7 +24,7 @@ from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.checks import Context
 from ropecheck.properties.runner import RunOptions
 from ropecheck.properties.core.sizes import HUGE_ELEMENTS, SIZES, TOY, huge_plan, parse
-from ropecheck.properties.fixed_cases import huge_case, production_cases
+from ropecheck.properties.inputs.fixed_cases import huge_case, production_cases
 from ropecheck.properties.inputs.strategies import cases
 from ropecheck.reference.scaling import parse as parse_scaling
 from ropecheck.targets.target import Convention, Target
@@ -72,7 +72,7 @@ def test_one_model_draws_one_head_size_head_count_and_layout(data):
 
 
 def test_one_models_fixed_inputs_keep_their_positions_in_the_models_shapes():
-    from ropecheck.properties.fixed_cases import critical_cases, for_model
+    from ropecheck.properties.inputs.fixed_cases import critical_cases, for_model
     from ropecheck.properties.inputs.strategies import max_position_for
 
     model = TOY.one_model()
