@@ -23,6 +23,7 @@ LAYERS = (
     # below the inputs (cases, strategies), below the library interfaces, below the families
     ("properties.core", ("ropecheck.properties.core",)),
     ("properties.inputs", ("ropecheck.properties.inputs",)),
+    ("properties.interfaces", ("ropecheck.properties.interfaces",)),
     ("properties", ("ropecheck.properties",)),
     ("kernels", ("ropecheck.kernels",)),
     ("calling", ("ropecheck.calling",)),

@@ -32,9 +32,10 @@ from ropecheck.calling.devices import Placement
 from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, _kind, _own_storage, cu_seqlens
 from ropecheck.calling.kv_cache import KVCacheCall
 from ropecheck.calling.presets import PRESETS, Preset
-from ropecheck.properties.core.contract import Table, segment_lengths
+from ropecheck.properties.core.contract import segment_lengths
 from ropecheck.properties.core.dtypes import dtype_name
 from ropecheck.properties.inputs.cases import LAYOUTS
+from ropecheck.properties.interfaces.interface import Table
 
 
 def _tokens(t: torch.Tensor, flat: bool) -> Optional[torch.Tensor]:

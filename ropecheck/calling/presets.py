@@ -4,7 +4,7 @@ RoPE interface is checked as it is, with no wrapper.
 A ``Preset`` is data: the interface's parameters in order (``Param``: its name, the role
 of the value ropecheck passes, its default), what it returns (its results written into the
 tensors it was given, or returned), which canonical call forms it serves, how its tensors
-are laid out (``api_call.FORMATS``), and the ``properties.core.contract.Interface`` the checks
+are laid out (``api_call.FORMATS``), and the ``properties.interfaces.interface.Interface`` the checks
 read (the table it is fed and its dtype, the memory layouts and call variants its tensors
 come in, the names of its arguments). ``api_call.invoke`` turns one canonical call into a
 call of the preset and its results back.
@@ -27,9 +27,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ropecheck.properties.core.contract import Interface, Table
 from ropecheck.properties.core.quantization import FORMATS
 from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS
+from ropecheck.properties.interfaces.interface import Interface, Table
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
 # the roles whose value is always the parameter's default: never passed, so a kernel need

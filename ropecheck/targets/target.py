@@ -18,8 +18,9 @@ from ropecheck.calling.caller import DEFAULT_TIMEOUT, Caller, Executor, PlainCal
 from ropecheck.calling.in_process import InProcess
 from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.convention import Convention  # noqa: F401  (the 1-D convention, declared with targets)
-from ropecheck.properties.core.contract import TENSOR_FORMS, Interface, check_call
+from ropecheck.properties.core.contract import TENSOR_FORMS, check_call
 from ropecheck.properties.core.dtypes import DTYPES
+from ropecheck.properties.interfaces.interface import Interface
 
 MIN_MAX_POSITION = 255  # the smallest position range a target may declare
 

@@ -1,0 +1,69 @@
+"""What the checks read of a library interface a target is called through (``--api``):
+the table it is fed instead of computing its angles (its kind and dtype: the error model),
+the memory layouts and call variants its tensors come in, the fp8 formats it quantizes its
+outputs to, and the names its arguments have (a failure names the one at fault)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ropecheck.properties.core.quantization import format_name
+
+
+@dataclass(frozen=True)
+class Table:
+    """The table a table-fed interface takes instead of computing its angles: ropecheck
+    makes it from the float64 angles of the declared convention and rounds it to ``dtype``
+    (the error model then allows that rounding and the arithmetic, no angle error).
+
+    ``kind``: "cos-sin" (cos and sin values) or "angles" (m theta_i, TransformerEngine's
+    freqs); ``dtype``: its dtype, "" for the input's own; ``by``: "position" (row p holds
+    position p: a cos_sin_cache, flash-attn's cos/sin, TE's freqs) or "token" (one row per
+    token: HF's cos/sin); ``width``: "half" (one column per frequency, r/2) or "full" (r,
+    each frequency twice, paired as the layout pairs features); ``argument``: what the
+    interface calls it."""
+
+    kind: str
+    argument: str
+    dtype: str = ""
+    by: str = "position"
+    width: str = "half"
+
+    def dtype_for(self, dtype: str) -> str:
+        return self.dtype or dtype
+
+
+@dataclass(frozen=True)
+class Interface:
+    """What the checks read of the library interface a target is called through (its
+    preset, ``ropecheck.calling.presets``): the table it is fed (None: it computes its own
+    angles), the memory layouts its tensors are drawn in (() the layouts models produce),
+    its call variants (tensor formats, position dtypes: each input takes one), whether q
+    and k come in layouts of their own (separate tensors with their own strides), whether
+    it takes the batch flattened into tokens, the fp8 formats it quantizes its outputs to
+    (``quantized``: its call variants are named by them, each input takes one; the checks
+    read the dequantized outputs, ``properties.core.quantization``), and what it names its
+    arguments."""
+
+    name: str
+    table: Optional[Table] = None
+    layouts: tuple = ()
+    variants: tuple = ()
+    own_k_layout: bool = False
+    tokens: bool = False
+    quantized: tuple = ()
+    words: dict = field(default_factory=dict, compare=False)
+
+    def output_format(self, variant: str = "") -> str:
+        """The fp8 format a call in ``variant`` ("" the first) quantizes to ("" none)."""
+        if not self.quantized:
+            return ""
+        name = format_name(variant)
+        return name if name in self.quantized else self.quantized[0]
+
+    def word(self, role: str, default: str = "") -> str:
+        """The interface's name for an argument role: positions, query, key, table, ..."""
+        if role == "table" and self.table is not None:
+            return self.table.argument
+        return self.words.get(role, default or role)
