@@ -56,10 +56,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropecheck.properties import context_parallel, interface_causes
+from ropecheck.properties import interface_causes
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.inputs.cases import as_float64
+from ropecheck.properties.interfaces import context_parallel
 from ropecheck.properties.suspects import CANDIDATES, Candidate, Model, Probe, rotation
 
 HEADS = 4

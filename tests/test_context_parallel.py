@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ropecheck
-from ropecheck.properties.context_parallel import Split
+from ropecheck.properties.interfaces.context_parallel import Split
 from tests import cp_kernels
 from tests.test_cli import check as cli_check
 

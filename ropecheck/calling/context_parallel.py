@@ -1,6 +1,6 @@
 """One canonical call made through a context-parallel interface (``--cp-size N``, N > 1):
 the input split across N ranks as TransformerEngine's and Megatron-Core's callers split
-it (``properties.context_parallel.Split``: every sequence padded to a multiple of 2N, in
+it (``properties.interfaces.context_parallel.Split``: every sequence padded to a multiple of 2N, in
 2N chunks, rank r holding chunks r and 2N - 1 - r), every rank called with its local
 tensor, its rank and the global tables, the outputs gathered back into the canonical y
 and the padding dropped.
@@ -35,7 +35,7 @@ import torch
 from ropecheck.calling import tables
 from ropecheck.calling.api_call import RankGroup, _Call
 from ropecheck.calling.forms import ReturnedWrong, _fits, _kind, cu_seqlens
-from ropecheck.properties.context_parallel import Split
+from ropecheck.properties.interfaces.context_parallel import Split
 
 ROLES = ("cp_size", "cp_rank", "cp_group")  # the arguments an interface takes context parallelism by
 
