@@ -9,7 +9,7 @@ positions can be checked."""
 from __future__ import annotations
 
 from ropecheck.adapters.registry import Adapter, import_bare, per_head_dim, register
-from ropecheck.calling.api_call import RankGroup
+from ropecheck.calling.roles import RankGroup
 from ropecheck.properties.convention import Convention
 from ropecheck.reference.scaling import Llama3
 

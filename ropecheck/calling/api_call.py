@@ -22,13 +22,13 @@ The steps, for every preset alike:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from ropecheck.calling import quantized, tables
+from ropecheck.calling import quantized, roles, tables
 from ropecheck.calling.devices import Placement
+from ropecheck.calling.formats import tensor_format
 from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, _kind, _own_storage, cu_seqlens
 from ropecheck.calling.kv_cache import KVCacheCall
 from ropecheck.calling.presets import PRESETS, Preset
@@ -36,22 +36,6 @@ from ropecheck.properties.core.contract import segment_lengths
 from ropecheck.properties.core.dtypes import dtype_name
 from ropecheck.properties.inputs.cases import LAYOUTS
 from ropecheck.properties.interfaces.interface import Table
-
-
-def _tokens(t: torch.Tensor, flat: bool) -> Optional[torch.Tensor]:
-    """(batch, seq, heads, head_dim) as a (T, heads, head_dim) view, (T, heads * head_dim)
-    when ``flat`` and the heads merge; None when the batch does not merge into tokens."""
-    b, s, h, d = t.shape
-    try:
-        out = t.view(b * s, h, d)
-    except RuntimeError:
-        return None
-    if flat:
-        try:
-            return out.view(b * s, h * d)
-        except RuntimeError:
-            return out
-    return out
 
 
 class _Call:
@@ -69,6 +53,8 @@ class _Call:
         self.made: list = []  # (table, its pristine copy): the tables made for this call only
         self.packed = form.call == "packed"
         self.kv: Optional[KVCacheCall] = None  # the KV cache of a fused rope + cache-write interface
+        self.format = tensor_format(self.preset.tensors)
+        self.cp, self.rank = 1, 0  # context-parallel ranks, and the one being called (context_parallel)
 
     # --- the canonical tensors -----------------------------------------------------------
     def _qk(self):
@@ -97,32 +83,32 @@ class _Call:
 
     # --- the interface's tensor formats --------------------------------------------------
     def to_api(self, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A canonical tensor in the interface's format (``formats``): a view, or, where the
+        batch does not merge into tokens (a slice of a padded batch), a compact copy of it
+        whose writes go back into it."""
         if t is None:
             return None
-        fmt = self.preset.tensors
-        if fmt in ("tokens", "tokens-heads"):
-            flat = fmt == "tokens" and "flat" in self.variant().split()
-            out = _tokens(t, flat)
-            if out is None:  # the batch does not merge into tokens (a slice of a padded batch)
-                compact = self._keep(t, torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t))
-                out = _tokens(compact, flat)
-            return out
-        if fmt == "bhsd":
-            return t.transpose(1, 2)
-        if self.packed:  # thd: (total, heads, head_dim), a view for one row
-            return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
-        if fmt == "te" and self.variant() == "sbhd":
-            return t.transpose(0, 1)
-        return t  # bshd
+        out = self.format.to_api(self, t)
+        if out is None:
+            compact = self._keep(t, torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t))
+            out = self.format.to_api(self, compact)
+        return out
 
     def from_api(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """An output in the interface's format as the canonical (batch, seq, heads, head_dim)."""
-        fmt = self.preset.tensors
-        if fmt == "bhsd":
-            return out.transpose(1, 2)
-        if fmt == "te" and not self.packed and self.variant() == "sbhd":
-            return out.transpose(0, 1)
-        return out.reshape(like.shape)
+        return self.format.from_api(self, out, like)
+
+    def flat_tokens(self) -> bool:
+        """Whether a tokens-format call takes (T, H*D) (its ``flat`` call variant)."""
+        return "flat" in self.variant().split()
+
+    def format_variant(self) -> str:
+        """The tensor format of a format-choosing interface (sbhd, bshd: its call variant)."""
+        return self.variant()
+
+    def layout_flag(self):
+        """The interface's pairing argument for the declared layout (is_neox, interleave, ...)."""
+        return self.preset.layouts[self.convention.layout]
 
     def variant(self) -> str:
         variants = self.preset.interface.variants
@@ -228,49 +214,9 @@ class _Call:
 
     # --- the arguments -------------------------------------------------------------------
     def value(self, role: str, tensors: dict) -> Any:
-        if role in tensors:
-            return tensors[role]
-        conv, preset = self.convention, self.preset
-        if role == "positions":
-            return self.token_positions()
-        if role == "head_size":
-            return self.head_dim
-        if role == "cache":
-            return self.row_table("cache")
-        if role in ("cos", "sin"):
-            return self.cos_sin()[0 if role == "cos" else 1]
-        if role == "freqs":
-            return self.row_table("freqs") if self.table.by == "position" else self.token_angles()
-        if role == "config":
-            return RopeConfig(rotary_interleaved=preset.layouts[conv.layout])
-        if role == "mscale":
-            return conv.amplitude
-        if role == "cp_group":
-            return RankGroup()
-        if role == "layout":
-            return preset.layouts[conv.layout]
-        if role == "rotary_dim":
-            return self.rotary_dim if self.rotary_dim < self.head_dim else None
-        if role == "scale":
-            return getattr(conv.scaling, "factor", 1) if conv.scaling.rope_type == "linear" else 1
-        if role == "base":
-            return conv.base
-        if role == "inplace":
-            return self.form.inplace
-        if role == "seqlen_offsets":
-            offsets = self.sequence_offsets()
-            shared = offsets.numel() > 0 and bool((offsets == offsets[0]).all())
-            return int(offsets[0]) if shared or offsets.numel() == 0 else offsets.to(torch.int32)
-        if role == "start_positions":
-            offsets = self.sequence_offsets()
-            return None if not bool(offsets.any()) else offsets.to(torch.int32)
-        if role == "cu_seqlens":
-            return cu_seqlens(self.lengths()).to(self.x.device) if self.packed else None
-        if role == "max_seqlen":
-            return max(self.lengths(), default=0) if self.packed else None
-        if role == "tensor_format":
-            return "thd" if self.packed else self.variant()
-        return {"none": None, "unsqueeze_dim": 1, "cp_size": 1, "cp_rank": 0}[role]
+        """The value of a parameter's role (``roles``); ``tensors``: what this call's stages
+        supplied (the interface's tensors, the KV cache, the fp8 parts)."""
+        return roles.value(self, role, tensors)
 
     def arguments(self, tensors: dict) -> tuple:
         args = [self.value(p.role, tensors) for p in self.preset.positional()]
@@ -336,35 +282,6 @@ class _Call:
         self.tables_untouched()
         if self.kv is not None:
             self.kv.check()
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """What Megatron-Core's ``apply_rotary_pos_emb`` reads of its ``TransformerConfig``: the
-    pairing, and the unfused path (its fused one is TransformerEngine's kernel)."""
-
-    rotary_interleaved: bool
-    apply_rope_fusion: bool = False
-    multi_latent_attention: bool = False
-    mrope_section: Optional[list] = None
-
-
-class RankGroup:
-    """A context-parallel group as an interface asks of a process group (``size()``,
-    ``rank()``) without torch.distributed: ``size`` ranks, this one ``rank`` (one rank of
-    one by default; ``context_parallel`` makes the ranks of --cp-size)."""
-
-    def __init__(self, size: int = 1, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def __repr__(self) -> str:
-        return f"RankGroup(size={self._size}, rank={self._rank})"
 
 
 def _same(value, default) -> bool:

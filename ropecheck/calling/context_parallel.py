@@ -32,17 +32,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ropecheck.calling import tables
-from ropecheck.calling.api_call import RankGroup, _Call
+from ropecheck.calling import roles, tables
+from ropecheck.calling.api_call import _Call
 from ropecheck.calling.forms import ReturnedWrong, _fits, _kind, cu_seqlens
 from ropecheck.properties.interfaces.context_parallel import Split
 
-ROLES = ("cp_size", "cp_rank", "cp_group")  # the arguments an interface takes context parallelism by
-
 
 def takes_cp(preset) -> bool:
-    """Whether ``preset``'s interface takes context-parallel ranks."""
-    return any(p.role in ROLES for p in preset.params)
+    """Whether ``preset``'s interface takes context-parallel ranks (a parameter whose role
+    carries them: ``roles.Role.context_parallel``)."""
+    return any(roles.role(p.role).context_parallel for p in preset.params)
 
 
 class _Sequences:
@@ -88,20 +87,6 @@ class _ContextParallelCall(_Call):
     def __init__(self, form, x: torch.Tensor, positions: torch.Tensor):
         super().__init__(form, x, positions)
         self.cp = form.cp_size
-        self.rank = 0
-
-    def value(self, role: str, tensors: dict):
-        if role in tensors:
-            return tensors[role]
-        if role == "cp_size":
-            return self.cp
-        if role == "cp_rank":
-            return self.rank
-        if role == "cp_group":
-            return RankGroup(self.cp, self.rank)
-        if role == "start_positions":  # refused under cp: the offset is the table's first row
-            return None
-        return super().value(role, tensors)
 
     # --- the calls ----------------------------------------------------------------------
     def groups(self, seqs: _Sequences) -> list:
@@ -165,16 +150,19 @@ class _ContextParallelCall(_Call):
 
     # --- the local tensors --------------------------------------------------------------
     def _to_api(self, tokens: torch.Tensor, rows: int) -> torch.Tensor:
-        """A rank's tokens (T_local, heads, head_dim) in the interface's format."""
+        """A rank's tokens (T_local, heads, head_dim) in the interface's format, a tensor of
+        its own (stored in the format's axis order)."""
         if self.packed:
             return tokens
         local = tokens.reshape(rows, -1, *tokens.shape[1:])
-        return local.transpose(0, 1).contiguous() if self.variant() == "sbhd" else local
+        order = self.format.axes(self)
+        assert order is not None, f"--api {self.preset.name}: a context-parallel interface takes a batch, not tokens"
+        return local.permute(order).contiguous()
 
     def _from_api(self, out: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return out
-        bshd = out.transpose(0, 1) if self.variant() == "sbhd" else out
+        bshd = self.format.from_api(self, out, out)
         return bshd.reshape(-1, *bshd.shape[2:])
 
     def _write_back(self, given: torch.Tensor, pristine: torch.Tensor, canonical: np.ndarray) -> None:

@@ -4,10 +4,10 @@ RoPE interface is checked as it is, with no wrapper.
 A ``Preset`` is data: the interface's parameters in order (``Param``: its name, the role
 of the value ropecheck passes, its default), what it returns (its results written into the
 tensors it was given, or returned), which canonical call forms it serves, how its tensors
-are laid out (``api_call.FORMATS``), and the ``properties.interfaces.interface.Interface`` the checks
-read (the table it is fed and its dtype, the memory layouts and call variants its tensors
-come in, the names of its arguments). ``api_call.invoke`` turns one canonical call into a
-call of the preset and its results back.
+are laid out (``formats.FORMATS``), and the ``properties.interfaces.interface.Interface``
+the checks read (the table it is fed and its dtype, the memory layouts and call variants
+its tensors come in, the names of its arguments). ``api_call.invoke`` turns one canonical
+call into a call of the preset and its results back.
 
 How ropecheck calls a preset, as its library's callers do: the parameters without a
 default positionally, in order; those with a default by keyword, and only when the call
@@ -17,8 +17,8 @@ needs a value other than the default (a kernel may have more parameters, with de
 table ropecheck builds (for a preset that computes its own angles: ``rope_theta`` = base,
 ``rope_scale`` = the linear scaling factor).
 
-Adding a preset is one record here (and, for a new tensor format or role, a branch of
-``api_call``).
+Adding a preset is one record here (and, for a new tensor format or role, a record of
+``formats.FORMATS`` or ``roles.ROLES``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ropecheck.calling.roles import role
 from ropecheck.properties.core.quantization import FORMATS
 from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS
 from ropecheck.properties.interfaces.interface import Interface, Table
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
-# the roles whose value is always the parameter's default: never passed, so a kernel need
-# not have them (transformers' apply_rotary_pos_emb has no position_ids since 4.48)
-ALWAYS_DEFAULT = ("none", "unsqueeze_dim", "cp_size", "cp_rank")
 TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by position, by default
 
 # the realistic layouts of a serving engine's (tokens, heads, head_dim) tensors: bshd
@@ -46,7 +44,7 @@ FP8_FORMATS = tuple(FORMATS)  # the formats a quantizing preset's outputs are dr
 @dataclass(frozen=True)
 class Param:
     """One parameter of the interface: its name, the role of what ropecheck passes for it
-    (``api_call.VALUES``), its default (``REQUIRED``: positional, always passed), and
+    (``roles.ROLES``), its default (``REQUIRED``: positional, always passed), and
     whether it is keyword-only (``keyword``: always passed by name, as SGLang's ``*,
     is_neox``; a kernel whose parameter is positional takes it so too)."""
 
@@ -54,6 +52,9 @@ class Param:
     role: str
     default: Any = REQUIRED
     keyword: bool = False
+
+    def __post_init__(self):
+        role(self.role)  # a known role (roles.ROLES), or ValueError
 
     @property
     def positional(self) -> bool:
@@ -73,7 +74,7 @@ class Preset:
     "quantized" ((q_rope_out, k_rope_out, q_nope_out, k_nope_out) in fp8: q and k split
     at the rotary dimension, ``ropecheck.calling.quantized``);
     ``calls``: the canonical call forms it serves, the first the default; ``tensors``: how
-    its tensors are laid out (``api_call.FORMATS``); ``k``: "required" or "optional" (None
+    its tensors are laid out (``formats.FORMATS``); ``k``: "required" or "optional" (None
     allowed) for a (q, k) interface; ``offsets``: positions reach it as each row's (or
     packed sequence's) offset, so they count up from it; ``layouts``: the argument values
     of --layout; ``scalings``: the --scaling kinds it can be given (None: any the table
@@ -150,7 +151,9 @@ class Preset:
         except (TypeError, ValueError):
             return None
         try:
-            passed = {p.name: None for p in self.keywords() if p.role not in ALWAYS_DEFAULT}
+            # a role always at its default is never passed: a kernel need not have the parameter
+            # (transformers' apply_rotary_pos_emb has no position_ids since PR #43255)
+            passed = {p.name: None for p in self.keywords() if not role(p.role).default_only}
             signature.bind(*[None] * len(self.positional()), **passed)
         except TypeError as exc:
             name = getattr(fn, "__name__", "target")

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ropecheck.calling import context_parallel, devices, quiet, sanitizer
 from ropecheck.calling.presets import PRESETS
+from ropecheck.calling.roles import role
 from ropecheck.properties.core.contract import TENSOR_FORMS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.property import Family, FamilyError
@@ -210,7 +211,7 @@ def preset_refuses(preset, convention) -> str:
                 f"{name} is fed a {table.argument} table made once for every position: the {scaling.rope_type} "
                 "scaling's frequencies change with the call's length (check its builder and applier apart)"
             )
-    takes_factor = any(p.role == "mscale" for p in preset.params)
+    takes_factor = any(role(p.role).attention_factor for p in preset.params)
     if table is not None and table.kind == "angles" and convention.amplitude != 1.0 and not takes_factor:
         return (
             f"{name}'s {table.argument} carry angles only: the {scaling.rope_type} scaling's attention factor "
