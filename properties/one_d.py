@@ -73,7 +73,7 @@ class Context(FamilyContext):
 def interface_draws(target: Subject, memory=MEMORY_LAYOUTS) -> dict:
     """What a target's interface changes in the inputs drawn for it (``strategies.cases``
     keywords): its memory layouts (those of ``memory`` it takes, and its own interface
-    layouts), its call variants, and k's own layouts."""
+    layouts), the classes of its argument space, and k's own layouts."""
     iface = getattr(target, "interface", None)
     if iface is None:
         return {"memory": tuple(memory)}
@@ -82,22 +82,23 @@ def interface_draws(target: Subject, memory=MEMORY_LAYOUTS) -> dict:
     chosen = tuple(m for m in dict.fromkeys((*memory, *own)) if m in layouts) or layouts[:1]
     return {
         "memory": chosen,
-        "variants": iface.variants,
+        "choices": tuple((f.name, f.names) for f in iface.space.factors),
         "k_layouts": layouts if iface.own_k_layout else (),
     }
 
 
 def for_interface(case: Case, target: Subject) -> Case:
     """A fixed input as the target's interface takes it: a memory layout it takes (else its
-    first), the variant and k's layout chosen by the input's seed."""
+    first), its argument classes and k's layout chosen by the input's seed."""
     iface = getattr(target, "interface", None)
     if iface is None:
         return case
     layouts = iface.layouts or MEMORY_LAYOUTS
     if case.memory not in layouts and case.memory in MEMORY_LAYOUTS:
         case = replace(case, memory="contiguous" if "contiguous" in layouts else layouts[0])
-    if iface.variants:
-        case = replace(case, api_variant=iface.variants[case.seed % len(iface.variants)])
+    if iface.space.factors:
+        picked = tuple((f.name, f.names[case.seed % len(f.names)]) for f in iface.space.factors)
+        case = replace(case, choices=picked)
     if iface.own_k_layout and case.call == "qk" and case.separate and case.k_heads:
         case = replace(case, k_memory=layouts[(case.seed + 1) % len(layouts)])
     return case

@@ -41,11 +41,11 @@ class FamilyContext:
     @property
     def model(self) -> ErrorModel:
         """The error model of the input being checked: the dtype's, with the table an
-        interface is fed and the fp8 format it quantizes this input's outputs to (its call
-        variant's: ``interface.Interface.output_format``)."""
+        interface is fed and the fp8 format it quantizes this input's outputs to (its
+        ``quantize_dtype`` choice: ``interface.Interface.output_format``)."""
         interface = getattr(self.target, "interface", None)
-        variant = getattr(getattr(self.rope, "case", None), "api_variant", "") or ""
-        quantized = interface.output_format(variant) if interface is not None else ""
+        choices = getattr(getattr(self.rope, "case", None), "choices", ()) or ()
+        quantized = interface.output_format(choices) if interface is not None else ""
         if quantized not in self.models:
             table = getattr(interface, "table", None)
             self.models[quantized] = ErrorModel(

@@ -4,8 +4,8 @@ table (``QUANTIZED_CHECKS``).
 
 - fp8-saturation: past the format's largest finite value M, an output saturates to +-M.
   No other check reaches that value (ropecheck's scales keep every drawn output below M /
-  2, ``properties.core.quantization``); here the input's own call variant is called in its
-  saturating form, each tensor scaled by 2 M / A (A its largest |value|), so that every
+  2, ``properties.core.quantization``); here the input is called in its own fp8 format
+  with scales that saturate, each tensor scaled by 2 M / A (A its largest |value|), so that every
   element past A / 2 saturates, in q and in k. The dequantized output is compared with
   clip(A_m R_m x s, -M, M) / s (A_m the scaling's attention factor, the scales recomputed
   from the same values as ropecheck passed them) within the element bound of the error
@@ -17,13 +17,11 @@ table (``QUANTIZED_CHECKS``).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 from ropecheck.properties.assertions import Tally
-from ropecheck.properties.core.quantization import saturate, saturating, scales, variant_format
+from ropecheck.properties.core.quantization import FORMATS, SATURATING, saturate, scales
 from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.one_d import Context
 
@@ -31,10 +29,10 @@ from ropecheck.properties.one_d import Context
 def fp8_saturation(ctx: Context, case: Case) -> float:
     interface = ctx.target.interface
     assert interface is not None, "fp8-saturation needs an interface that quantizes (needs_quantized)"
-    variant = saturating(interface.output_format(case.api_variant))
-    fmt, _ = variant_format(variant)
+    fmt = FORMATS[interface.output_format(case.choices)]
     p, x = case.positions_array(), case.tensor()
-    y = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)), case=replace(case, api_variant=variant))
+    saturating = case.with_choices(quantize_dtype=fmt.name, **dict([SATURATING]))
+    y = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)), case=saturating)
     x64, conv = as_float64(x), ctx.convention
     q, k = x64[:, :, : case.heads], x64[:, :, case.heads :]
     expected = conv.apply(x64, p, seq_len=conv.seq_len(p))

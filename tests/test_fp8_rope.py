@@ -75,7 +75,7 @@ def test_a_nope_finding_names_the_tensor_token_head_and_scale():
 
 def test_both_formats_are_drawn_in_every_run():
     iface = PRESETS[API].interface
-    assert iface.variants == tuple(FORMATS) == iface.quantized
+    assert iface.space.factor("quantize_dtype").names == tuple(FORMATS) == iface.quantized
     assert PRESETS[API].signature() == (
         "fn(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True, quantize_dtype=None, "
         "quant_scale_q=1, quant_scale_kv=1) -> (q_rope_out, k_rope_out, q_nope_out, k_nope_out)"

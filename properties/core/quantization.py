@@ -19,7 +19,7 @@ square of the smallest nonzero head vector, so the error model's floor is relati
 each head vector's own size (``properties.tolerance``). An input where both cannot hold
 (head vectors 2^13 times smaller than the largest element, for e4m3) is refused.
 
-A *saturating* call variant (``saturating``) scales each tensor by ``SATURATE * max / A``:
+A *saturating* call (its ``saturate`` choice: ``SATURATING``) scales each tensor by ``SATURATE * max / A``:
 every element past A / SATURATE saturates, and the ``fp8-saturation`` property checks
 that they hold the format's maximum (a plain cast gives inf for e5m2 and, on hardware
 converting without saturation, NaN for e4m3fn).
@@ -53,25 +53,10 @@ FORMATS = {
         Fp8Format("float8_e5m2", torch.float8_e5m2, 2.0**-3, 57344.0, 2.0**-16),
     )
 }
-SATURATING = " saturating"  # the suffix of a call variant whose scales saturate
 HEADROOM = 2.0 * math.sqrt(2.0)  # sqrt(2): the rotation's growth of one element; 2 to spare
 AWAY_FROM_ONE = 4.0  # a scale within a factor 2 of 1 is divided by this; k's <= q's / this
 SATURATE = 2.0  # a saturating call: elements past A / SATURATE saturate
-
-
-def format_name(variant: str) -> str:
-    """The fp8 format a quantizing interface's call variant names."""
-    return variant.removesuffix(SATURATING)
-
-
-def variant_format(variant: str) -> tuple[Fp8Format, bool]:
-    """(the format, whether its scales saturate) of a quantizing interface's call variant."""
-    return FORMATS[format_name(variant)], variant.endswith(SATURATING)
-
-
-def saturating(variant: str) -> str:
-    """The saturating call variant of ``variant`` (a format's name)."""
-    return variant.removesuffix(SATURATING) + SATURATING
+SATURATING = ("saturate", "yes")  # the call choice of a saturating call (quantized_checks.fp8_saturation)
 
 
 def _amax_and_smallest_rms(values: np.ndarray) -> tuple[float, float]:

@@ -201,8 +201,9 @@ class Case:
     ``k_heads`` more follow (k; none: k=None), ``separate`` puts q and k in storages of
     their own (for an interface whose q and k come in layouts of their own, k in
     ``k_memory``); for ``packed``, batch is 1 and ``lengths`` are the sequences' lengths.
-    ``api_variant``: which of its interface's call variants it is handed in (a tensor
-    format, a positions dtype: ``interface.Interface.variants``)."""
+    ``choices``: the classes of the interface's argument values it is handed in, one per
+    factor of its space (a tensor format, a positions dtype: ``interfaces.space``), as
+    (factor, class) pairs."""
 
     dtype: str
     batch: int
@@ -221,7 +222,7 @@ class Case:
     # seq) as 1-D targets take them; N-D targets take (batch, seq, n_axes)
     n_axes: int = 1
     k_memory: str = ""  # qk, separate, own k layout: k's memory layout ("" q's)
-    api_variant: str = ""  # the interface's call variant ("" its first)
+    choices: tuple = ()  # ((factor, class), ...): how the interface is called ("" none)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -281,6 +282,15 @@ class Case:
             raise ValueError(f"unknown memory layout {layout!r}")
         return known.make(v)
 
+    def choice(self, factor: str, default: str = "") -> str:
+        """The class of ``factor`` this input is handed in (``default`` where it has none)."""
+        return dict(self.choices).get(factor, default)
+
+    def with_choices(self, **changes) -> "Case":
+        from dataclasses import replace
+
+        return replace(self, choices=tuple({**dict(self.choices), **changes}.items()))
+
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace
 
@@ -291,7 +301,7 @@ class Case:
         if self.n_axes > 1:
             return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
         rows = "; ".join(_short(row) for row in p)
-        variant = f", variant {self.api_variant}" if self.api_variant else ""
+        variant = "".join(f", {factor} {value}" for factor, value in self.choices)
         return (
             f"{self._form()} {self.dtype}, {self.memory}{variant}, scale {self.scale:g}, seed {self.seed}; "
             f"positions [{rows}]"

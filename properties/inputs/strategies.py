@@ -228,7 +228,7 @@ def _cases(
     row_offsets=False,
     sizes=TOY,
     max_seq=None,
-    variants=(),
+    choices=(),
     k_layouts=(),
 ) -> Case:
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
@@ -262,10 +262,10 @@ def _cases(
     if call == "qk":
         kv = draw(k_heads(heads, k_optional)) if kv is None else kv
         case = replace(case, call="qk", k_heads=kv, separate=sizes.model or draw(st.booleans()))
-    # an interface's call variant, and k's own layout (drawn only for interfaces that have
-    # them: every other target's inputs are drawn as before)
-    if variants:
-        case = replace(case, api_variant=draw(st.sampled_from(variants)))
+    # an interface's argument classes, and k's own layout (drawn only for interfaces that
+    # have them: every other target's inputs are drawn as before)
+    if choices:
+        case = replace(case, choices=tuple((factor, draw(st.sampled_from(names))) for factor, names in choices))
     if k_layouts and case.call == "qk" and case.separate and case.k_heads:
         case = replace(case, k_memory=_layout(draw, k_layouts, sizes))
     return case
@@ -375,13 +375,14 @@ def cases(
     row_offsets: bool = False,
     sizes: Sizes = TOY,
     max_seq: int | None = None,
-    variants: tuple = (),
+    choices: tuple = (),
     k_layouts: tuple = (),
 ) -> st.SearchStrategy[Case]:
     """RoPE inputs (Case records) in ``dtype``, in the target's call form, at ``sizes``
     (``max_seq``: a property's own cap on the sequence); ``row_offsets``: positions offset
-    + arange(seq) in every row; ``variants``: an interface's call variants, one drawn per
-    input; ``k_layouts``: the layouts k is drawn in when q and k are separate tensors."""
+    + arange(seq) in every row; ``choices``: ((factor, its classes), ...) of an interface's
+    argument space, one class of each drawn per input; ``k_layouts``: the layouts k is
+    drawn in when q and k are separate tensors."""
     return _cases(
         dtype,
         rotary_dim,
@@ -395,7 +396,7 @@ def cases(
         row_offsets,
         sizes,
         max_seq,
-        tuple(variants),
+        tuple(choices),
         tuple(k_layouts),
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ropecheck.properties.core.quantization import format_name
+from ropecheck.properties.interfaces.space import Space
 
 
 @dataclass(frozen=True)
@@ -39,27 +39,28 @@ class Interface:
     """What the checks read of the library interface a target is called through (its
     preset, ``ropecheck.calling.presets``): the table it is fed (None: it computes its own
     angles), the memory layouts its tensors are drawn in (() the layouts models produce),
-    its call variants (tensor formats, position dtypes: each input takes one), whether q
+    its argument space (``space``: the classes of values its parameters take, tensor
+    formats and position dtypes among them: each input is drawn in one of each), whether q
     and k come in layouts of their own (separate tensors with their own strides), whether
     it takes the batch flattened into tokens, the fp8 formats it quantizes its outputs to
-    (``quantized``: its call variants are named by them, each input takes one; the checks
+    (``quantized``: the ``quantize_dtype`` choice of a call names one; the checks
     read the dequantized outputs, ``properties.core.quantization``), and what it names its
     arguments."""
 
     name: str
     table: Optional[Table] = None
     layouts: tuple = ()
-    variants: tuple = ()
+    space: Space = Space(())
     own_k_layout: bool = False
     tokens: bool = False
     quantized: tuple = ()
     words: dict = field(default_factory=dict, compare=False)
 
-    def output_format(self, variant: str = "") -> str:
-        """The fp8 format a call in ``variant`` ("" the first) quantizes to ("" none)."""
+    def output_format(self, choices=()) -> str:
+        """The fp8 format a call with ``choices`` (a case's) quantizes to ("" none)."""
         if not self.quantized:
             return ""
-        name = format_name(variant)
+        name = dict(choices).get("quantize_dtype", "")
         return name if name in self.quantized else self.quantized[0]
 
     def word(self, role: str, default: str = "") -> str:

@@ -99,25 +99,30 @@ class _Call:
         return self.format.from_api(self, out, like)
 
     def flat_tokens(self) -> bool:
-        """Whether a tokens-format call takes (T, H*D) (its ``flat`` call variant)."""
-        return "flat" in self.variant().split()
+        """Whether a tokens-format call takes (T, H*D) (its ``query`` choice)."""
+        return self.choice("query") == "flat"
 
     def format_variant(self) -> str:
-        """The tensor format of a format-choosing interface (sbhd, bshd: its call variant)."""
-        return self.variant()
+        """The tensor format of a format-choosing interface (sbhd, bshd: its ``tensor_format``
+        choice)."""
+        return self.choice("tensor_format")
 
     def layout_flag(self):
         """The interface's pairing argument for the declared layout (is_neox, interleave, ...)."""
         return self.preset.layouts[self.convention.layout]
 
-    def variant(self) -> str:
-        variants = self.preset.interface.variants
-        return self.form.variant or (variants[0] if variants else "")
+    def choice(self, factor: str) -> str:
+        """The class of ``factor`` this call is made in: the case's, else the factor's first."""
+        chosen = dict(self.form.choices).get(factor)
+        if chosen is not None:
+            return chosen
+        space = self.preset.interface.space
+        return space.factor(factor).classes[0].name if space.has(factor) else ""
 
     # --- positions as the interface takes them -------------------------------------------
     def token_positions(self) -> torch.Tensor:
         flat = self.positions.reshape(-1)
-        return flat.to(torch.int32) if self.variant() == "int32" else flat
+        return flat.to(torch.int32) if self.choice("pos_ids") == "int32" else flat
 
     def sequence_offsets(self) -> torch.Tensor:
         """(sequences,) int64: each row's (packed: each sequence's) first position, after
@@ -249,7 +254,7 @@ class _Call:
         if self.preset.cache:
             if q_api is None or k_api is None:
                 raise ValueError(f"--api {self.preset.name} takes a query and a key in every call")
-            padded = "padded" in self.variant().split()
+            padded = self.choice("padding") == "padded"
             names = {p.role: p.name for p in self.preset.params}
             self.kv = KVCacheCall(self.preset.cache, q_api, k_api, self.token_positions(), padded, names, self._keep)
             tensors = self.kv.arguments()

@@ -111,7 +111,7 @@ class Caller:
     def form(self, x: torch.Tensor, case=None, table_sign: int = 1) -> Optional[Form]:
         """How a call on x goes to the target: the case's split where x is the case's
         whole input, else the form's default (``Form``); through its interface, with the
-        case's call variant (``table_sign`` -1: the table of -m)."""
+        case's choices of its argument classes (``table_sign`` -1: the table of -m)."""
         if self.call == "x" and not self.api:
             return None
         case = case or self.case
@@ -120,7 +120,7 @@ class Caller:
         if self.api:
             interface = dict(
                 api=self.api,
-                variant=getattr(case, "api_variant", "") if case is not None else "",
+                choices=getattr(case, "choices", ()) if case is not None else (),
                 convention=self.convention,
                 table_rows=self.table_rows,
                 table_sign=table_sign,

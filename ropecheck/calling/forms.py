@@ -50,16 +50,17 @@ class Form:
     """One canonical call in the target's form: ``call``, and for ``qk`` where q ends and
     how q and k are stored, for ``packed`` the sequence lengths (empty ones included).
     Through a library interface (``api``, a preset: ``ropecheck.calling.api_call`` makes
-    the call), also the case's call variant and k's layout, the convention its table is
-    made from, the table's rows, ``table_sign`` (-1: the table of -m) and the
-    context-parallel ranks it is split across."""
+    the call), also the case's choices (the classes of the interface's argument values it
+    is called with) and k's layout, the convention its table is made from, the table's
+    rows, ``table_sign`` (-1: the table of -m) and the context-parallel ranks it is split
+    across."""
 
     call: str = "x"
     q_heads: Optional[int] = None  # qk: heads [0, q_heads) of x are q (None: all but the last)
     separate: bool = False  # qk: q and k in storages of their own
     lengths: tuple = ()  # packed: sequence lengths; () = found from the positions
     api: str = ""  # the preset it is called through ("" none)
-    variant: str = ""  # the interface's call variant ("" its first)
+    choices: tuple = ()  # ((factor, class), ...): the case's choices of the interface's argument classes
     k_memory: str = ""  # qk, separate: k's own memory layout ("" x's)
     convention: Any = None  # what its table is made from
     table_rows: int = 0  # rows of a table indexed by position

@@ -31,6 +31,7 @@ from ropecheck.calling.roles import role
 from ropecheck.properties.core.quantization import FORMATS
 from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS
 from ropecheck.properties.interfaces.interface import Interface, Table
+from ropecheck.properties.interfaces.space import Factor, Space, ValueClass
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
 TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by position, by default
@@ -168,6 +169,11 @@ def _words(**words) -> dict:
     return words
 
 
+def _choice(factor: str, *classes: str) -> Space:
+    """An argument space of one factor: each call takes one of ``classes``."""
+    return Space((Factor(factor, tuple(ValueClass(c) for c in classes)),))
+
+
 # a fused cache-write call: with padding tokens (slot -1) before and after the batch, or none
 KV_VARIANTS = ("unpadded", "padded")
 _TOKENS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
@@ -193,7 +199,7 @@ PRESETS: dict[str, Preset] = {
                 "vllm",
                 Table("cos-sin", "cos_sin_cache"),
                 TOKEN_LAYOUTS,
-                ("flat", "heads"),
+                _choice("query", "flat", "heads"),
                 own_k_layout=True,
                 tokens=True,
                 words=_TOKENS,
@@ -222,7 +228,7 @@ PRESETS: dict[str, Preset] = {
                 "flashinfer-cos-sin-cache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
                 TOKEN_LAYOUTS,
-                ("flat", "heads"),
+                _choice("query", "flat", "heads"),
                 own_k_layout=True,
                 tokens=True,
                 words=_TOKENS,
@@ -254,7 +260,7 @@ PRESETS: dict[str, Preset] = {
                 "vllm-kvcache",
                 Table("cos-sin", "cos_sin_cache"),
                 TOKEN_LAYOUTS,
-                KV_VARIANTS,
+                _choice("padding", *KV_VARIANTS),
                 own_k_layout=True,
                 tokens=True,
                 words=_TOKENS,
@@ -288,7 +294,7 @@ PRESETS: dict[str, Preset] = {
                 "sglang-kvcache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
                 TOKEN_LAYOUTS,
-                KV_VARIANTS,
+                _choice("padding", *KV_VARIANTS),
                 own_k_layout=True,
                 tokens=True,
                 words=_words(positions="positions", query="q", key="k", layout="is_neox"),
@@ -321,7 +327,7 @@ PRESETS: dict[str, Preset] = {
                 "flashinfer-rope-fp8",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
                 TOKEN_LAYOUTS,
-                FP8_FORMATS,
+                _choice("quantize_dtype", *FP8_FORMATS),
                 own_k_layout=True,
                 tokens=True,
                 quantized=FP8_FORMATS,
@@ -353,7 +359,7 @@ PRESETS: dict[str, Preset] = {
                 "flashinfer-pos-ids",
                 None,
                 TOKEN_LAYOUTS,
-                ("int64", "int32"),
+                _choice("pos_ids", "int64", "int32"),
                 own_k_layout=True,
                 tokens=True,
                 words=_words(positions="pos_ids", query="q", key="k", layout="interleave", rotary_dim="rotary_dim"),
@@ -435,7 +441,7 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "te",
                 Table("angles", "freqs", dtype="float32", width="full"),
-                variants=("sbhd", "bshd"),
+                space=_choice("tensor_format", "sbhd", "bshd"),
                 words=_words(positions="start_positions", query="t", layout="interleaved"),
             ),
             backward=True,
@@ -463,7 +469,7 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "megatron",
                 Table("angles", "freqs", dtype="float32", by="token", width="full"),
-                variants=("sbhd",),
+                space=_choice("tensor_format", "sbhd"),
                 words=_words(positions="freqs", query="t", layout="config.rotary_interleaved"),
             ),
             backward=True,

@@ -4,7 +4,7 @@ brought back to the canonical ``y``: the dequantized outputs.
 
 The call: q and k (views of x, in the preset's (tokens, heads, head_dim) format) are
 split at the rotary dimension into their rotated parts (``q_rope``, ``k_rope``) and the
-features past it (``q_nope``, ``k_nope``), views all four; the call variant names the fp8
+features past it (``q_nope``, ``k_nope``), views all four; the call's choices name the fp8
 format (``quantize_dtype``) and whether its scales saturate, and ``quant_scale_q`` and
 ``quant_scale_kv`` are chosen from q's and k's values (``properties.core.quantization``). The
 kernel returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``.
@@ -25,7 +25,7 @@ import torch
 
 from ropecheck.calling.forms import ReturnedWrong, _kind
 from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF, dtype_name
-from ropecheck.properties.core.quantization import Fp8Format, quantized, scales, variant_format
+from ropecheck.properties.core.quantization import FORMATS, SATURATING, Fp8Format, quantized, scales
 
 OUTPUTS = ("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out")
 
@@ -91,7 +91,8 @@ def run(call, fn, hq: int, q: torch.Tensor, k: torch.Tensor):
     quantizing preset (``api_call._Call``) on q and k (canonical views of x)."""
     r = call.rotary_dim
     q_api, k_api = call.to_api(q), call.to_api(k)
-    fmt, saturating = variant_format(call.variant())
+    fmt = FORMATS[call.preset.interface.output_format(call.form.choices)]
+    saturating = SATURATING in call.form.choices
     scale_q, scale_kv = scales(_host64(q_api), _host64(k_api), fmt, saturating)
     given = {
         "q_rope": q_api[..., :r],
