@@ -223,6 +223,29 @@ CHECKS["api-vllm-kv-correct-interleaved-partial"] = ["tests/serving_kernels.py:v
 CHECKS["api-vllm-key-row-stride-ignored"] = ["tests/serving_kernels.py:vllm_key_row_stride_ignored", "--api", "vllm",
                                              *HALF, *F32_BF16]
 
+CHECKS["api-sglang-kv-cached-unrotated"] = ["tests/serving_kernels.py:sglang_kv_cached_unrotated", "--api",
+                                            "sglang-kvcache", *HALF, *F32_BF16]
+CHECKS["api-te-buffer-as-batch"] = ["tests/preset_kernels.py:te_buffer_as_batch", "--api", "te", *HALF, *F32_BF16]
+
+# every path of an interface (issue 41): kernels written as production code is, each correct
+# one beside the bug that lives in one path (a class of argument values, a library's
+# convention, a size switch) (tests/path_kernels.py)
+_PATHS = "tests/path_kernels.py"
+for _name, _flags in {
+    "flash_varlen_correct": ["--api", "flash-attn"],
+    "flash_varlen_first_offset": ["--api", "flash-attn"],
+    "flash_inplace_ignored": ["--api", "flash-attn"],
+    "hf_rows_correct": ["--api", "hf"],
+    "hf_decode_batch0": ["--api", "hf"],
+    "hf_cos_per_row": ["--api", "hf"],
+    "vllm_rows_correct": ["--api", "vllm", "--rotary-dim", "32"],
+    "vllm_warp_chunk_partial": ["--api", "vllm", "--rotary-dim", "32"],
+    "sglang_kv_slot0_correct": ["--api", "sglang-kvcache"],
+    "te_rows_correct": ["--api", "te"],
+    "te_thd_first_start": ["--api", "te"],
+}.items():
+    CHECKS[f"path-{_name.replace('_', '-')}"] = [f"{_PATHS}:{_name}", *_flags, *HALF, *F32_BF16]
+
 # context parallelism (issue 26): the load-balanced split over --cp-size ranks
 # (tests/cp_kernels.py)
 _CP = "tests/cp_kernels.py"

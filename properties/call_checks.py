@@ -9,6 +9,7 @@ outputs to fp8 (``properties.quantized_checks``).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from ropecheck.properties.one_d import (
     against_reference,
     eps,
     f64,
-    interface_draws,
+    interface_cases,
     ops,
     register,
     vector_norms,
@@ -68,18 +69,21 @@ def inverse(ctx: Context, case: Case, grad_layout: str) -> float:
 def _distractor(draw, ctx, case):
     # another dtype, as a multi-dtype process calls it; one model (a compiled one) has one
     dtypes = [d for d in ctx.target.dtypes if d != case.dtype and not ctx.sizes.model] or [case.dtype]
-    other = draw(
-        cases(
-            draw(st.sampled_from(dtypes)),
-            ctx.target.rotary_dim,
-            max_position=ctx.max_position,
-            call=ctx.target.call,
-            k_optional=ctx.target.k_optional,
-            row_offsets=ctx.target.row_offsets,
-            sizes=ctx.sizes if ctx.sizes.model else TOY,  # one model's shapes in a one-model run
-            **interface_draws(ctx.target),
+    dtype = draw(st.sampled_from(dtypes))
+    if getattr(ctx.target, "interface", None) is not None:  # any call its interface takes
+        other = draw(interface_cases(ctx, dtype, {}, sizes=ctx.sizes if ctx.sizes.model else TOY))
+    else:
+        other = draw(
+            cases(
+                dtype,
+                ctx.target.rotary_dim,
+                max_position=ctx.max_position,
+                call=ctx.target.call,
+                k_optional=ctx.target.k_optional,
+                row_offsets=ctx.target.row_offsets,
+                sizes=ctx.sizes if ctx.sizes.model else TOY,  # one model's shapes in a one-model run
+            )
         )
-    )
     # the decode calls, one per token after the split: DECODE_CALLS at most
     return {"other": other, "split": draw(st.integers(max(0, case.seq - DECODE_CALLS), case.seq - 1))}
 
@@ -183,12 +187,19 @@ def batch_independence(ctx: Context, case: Case) -> float:
     large=4,
     huge=True,
     sweeps=True,
+    size_switches=True,
 )
-def reference_agreement(ctx: Context, case: Case) -> float:
+def reference_agreement(ctx: Context, case: Case, windows: Optional[tuple] = None) -> float:
     p, x = case.positions_array(), case.tensor()
     y = ctx.rope(x, torch.from_numpy(np.ascontiguousarray(p)))
+    compared = "" if windows is None else f", tokens {', '.join(f'{a}..{b - 1}' for a, b in windows)}"
     return against_reference(
-        ctx, y, x, p, what=f"f(x, m) against the float64 reference ({where_pairs(ctx, case.head_dim)})"
+        ctx,
+        y,
+        x,
+        p,
+        what=f"f(x, m) against the float64 reference ({where_pairs(ctx, case.head_dim)}{compared})",
+        windows=windows,
     )
 
 

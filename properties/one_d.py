@@ -10,17 +10,18 @@ per unit of head-vector norm, the VJP.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from ropecheck.properties import size_switches
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.convention import Convention
-from ropecheck.properties.core.contract import Subject
+from ropecheck.properties.core.contract import CALL_FORMS, Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import huge_fits
-from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
+from ropecheck.properties.inputs.cases import MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.inputs.fixed_cases import (
     counts_up,
     critical_cases,
@@ -31,7 +32,15 @@ from ropecheck.properties.inputs.fixed_cases import (
     switch_cases,
     within,
 )
-from ropecheck.properties.inputs.strategies import MAX_POSITION, cases, max_position_for
+from ropecheck.properties.inputs.strategies import (
+    MAX_POSITION,
+    PACKED_MEMORY,
+    cases,
+    head_dim_choices,
+    max_position_for,
+    model_qk_heads,
+)
+from ropecheck.properties.interfaces import draws
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
 from ropecheck.reference.rope import DEFAULT_BASE
 from ropecheck.reference.scaling import Scaling
@@ -70,38 +79,53 @@ class Context(FamilyContext):
         return y64 if self.convention is None else self.convention.unscale(y64)
 
 
-def interface_draws(target: Subject, memory=MEMORY_LAYOUTS) -> dict:
-    """What a target's interface changes in the inputs drawn for it (``strategies.cases``
-    keywords): its memory layouts (those of ``memory`` it takes, and its own interface
-    layouts), the classes of its argument space, and k's own layouts."""
-    iface = getattr(target, "interface", None)
-    if iface is None:
-        return {"memory": tuple(memory)}
-    layouts = iface.layouts or MEMORY_LAYOUTS
-    own = tuple(m for m in layouts if m in INTERFACE_LAYOUTS)
-    chosen = tuple(m for m in dict.fromkeys((*memory, *own)) if m in layouts) or layouts[:1]
-    return {
-        "memory": chosen,
-        "choices": tuple((f.name, f.names) for f in iface.space.factors),
-        "k_layouts": layouts if iface.own_k_layout else (),
-    }
+def interface_cases(ctx: Context, dtype: str, options: dict, calls: tuple = (), sizes=None):
+    """The inputs of a target called through a library interface: rows of its argument
+    space, cut to what a property takes (its call forms, its ``case_options``), then an
+    input in each (``interfaces.draws``). ``calls``: the forms it takes (() all);
+    ``sizes``: the run's unless given."""
+    space = ctx.target.interface.space
+    forms = calls or tuple(CALL_FORMS)
+    return draws.row_cases(
+        draws.property_space(space, forms, options),
+        dtype,
+        ctx.target.rotary_dim,
+        ctx.target.call,
+        sizes=sizes or ctx.sizes,
+        max_position=min(options.get("max_position", MAX_POSITION), ctx.max_position),
+        min_seq=options.get("min_seq", 1),
+        max_seq=options.get("max_seq"),
+        positions=options.get("positions", True),
+        row_offsets=ctx.target.row_offsets,
+    )
 
 
 def for_interface(case: Case, target: Subject) -> Case:
-    """A fixed input as the target's interface takes it: a memory layout it takes (else its
-    first), its argument classes and k's layout chosen by the input's seed."""
+    """A fixed input as the target's interface takes it: a memory layout of its space (else
+    its first), the classes of the factors a call passes (a format, a dtype, a flag: those
+    that ask nothing of the input) from a row of its plan chosen by the input's seed, and
+    k's own layout chosen so too."""
     iface = getattr(target, "interface", None)
-    if iface is None:
+    if iface is None or not iface.space.factors:
         return case
-    layouts = iface.layouts or MEMORY_LAYOUTS
-    if case.memory not in layouts and case.memory in MEMORY_LAYOUTS:
+    space = iface.space
+    layouts = _names(space, "memory", case.call)
+    if layouts and case.memory not in layouts:
         case = replace(case, memory="contiguous" if "contiguous" in layouts else layouts[0])
-    if iface.space.factors:
-        picked = tuple((f.name, f.names[case.seed % len(f.names)]) for f in iface.space.factors)
-        case = replace(case, choices=picked)
-    if iface.own_k_layout and case.call == "qk" and case.separate and case.k_heads:
-        case = replace(case, k_memory=layouts[(case.seed + 1) % len(layouts)])
+    row = space.plan[case.seed % len(space.plan)]
+    passed = tuple((f.name, row[f.name]) for f in space.factors if not any(c.realize for c in f.classes))
+    case = replace(case, choices=passed)
+    own = [m for m in _names(space, "k_memory", case.call) if m]
+    if own and case.call == "qk" and case.separate and case.k_heads:
+        case = replace(case, k_memory=own[(case.seed + 1) % len(own)])
     return case
+
+
+def _names(space, key: str, call: str) -> list:
+    """The values of a realization key the space's classes take (memory layouts, k's layouts)
+    for a call in ``call``."""
+    out = [c.settings[key] for f in space.factors for c in f.classes if key in c.settings]
+    return [m for m in dict.fromkeys(out) if call != "packed" or key != "memory" or m in PACKED_MEMORY]
 
 
 def _case_options(prop, ctx: Context) -> dict:
@@ -117,8 +141,9 @@ def _case_options(prop, ctx: Context) -> dict:
 
 def _one_d_cases(prop, ctx: Context):
     options = _case_options(prop, ctx)
+    if getattr(ctx.target, "interface", None) is not None:
+        return interface_cases(ctx, ctx.dtype, options, prop.calls)
     options["max_position"] = min(options.get("max_position", MAX_POSITION), ctx.max_position)
-    options.update(interface_draws(ctx.target, options.pop("memory", MEMORY_LAYOUTS)))
     return cases(
         ctx.dtype,
         ctx.target.rotary_dim,
@@ -153,8 +178,20 @@ def _fixed_inputs(prop, ctx: Context) -> list:
         fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
     fixed = [for_interface(case, ctx.target) for case in fixed]
     if ctx.sizes.model:  # one model's shapes (the huge input keeps its own: past 2^31 elements)
-        layouts = interface_draws(ctx.target, options.get("memory", MEMORY_LAYOUTS))["memory"]
+        layouts = tuple(options.get("memory", MEMORY_LAYOUTS))
         fixed = [for_model(case, ctx.sizes, r, layouts) for case in fixed]
+    interface = getattr(ctx.target, "interface", None)
+    if prop.sweeps and interface is not None and interface.space.factors:
+        # a row of the interface's plan each: every pair of its argument classes, every run
+        fixed += draws.plan_cases(
+            interface.space,
+            ctx.dtype,
+            r,
+            call,
+            sizes=ctx.sizes,
+            max_position=ctx.max_position,
+            row_offsets=ctx.target.row_offsets,
+        )
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
         fixed.append(for_interface(huge_case(ctx.dtype, r, call), ctx.target))
     out = []
@@ -221,6 +258,29 @@ def _declare(parameters: dict, own) -> Declaration:
     return Declaration(conv, rotary_dim=rotary_dim or (conv.rotary_dim if conv else None))
 
 
+def _size_inputs(prop, ctx: Context) -> tuple:
+    """The inputs that cross the size switch points (``size_switches``), in each call form
+    the target takes (an interface's: every form its space calls), as its interface takes
+    them; and what of them its position range leaves out."""
+    calls: tuple = (ctx.target.call,)
+    interface = getattr(ctx.target, "interface", None)
+    if interface is not None:
+        forms = [c.settings.get("call") for f in interface.space.factors for c in f.classes]
+        calls = tuple(dict.fromkeys(f for f in forms if f)) or calls
+    model = None
+    if ctx.sizes.model:  # one model's heads and head size (a compiled one's)
+        head_dim = head_dim_choices(ctx.target.rotary_dim, ctx.sizes)[0]
+        q, k = model_qk_heads(ctx.sizes) if ctx.target.call == "qk" else (max(ctx.sizes.heads), 0)
+        model = (q, k, head_dim)
+    sizes = size_switches.inputs(ctx.dtype, ctx.target.rotary_dim, calls, ctx.max_position, ctx.sizes.production, model)
+
+    def dressed(make):
+        return lambda count: for_interface(make(count), ctx.target)
+
+    inputs = [replace(size, case=for_interface(size.case, ctx.target), make=dressed(size.make)) for size in sizes]
+    return inputs, size_switches.untried(ctx.max_position)
+
+
 # 1-D RoPE: rope(x, positions) with positions (batch, seq), in any call form
 ONE_D = Family(
     "rope",
@@ -230,6 +290,7 @@ ONE_D = Family(
     _same_theta,
     _smoke_inputs,
     declare=_declare,
+    size_inputs=_size_inputs,
     range_probe=True,
     description="rope(x, positions) -> y, positions int64 (batch, seq) (1-D RoPE)",
 )
@@ -296,19 +357,29 @@ REFERENCE_CHUNK = 2**22
 
 
 def against_reference(
-    ctx: Context, y: torch.Tensor, x: torch.Tensor, p: np.ndarray, *, what: str, inverse: bool = False
+    ctx: Context,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    p: np.ndarray,
+    *,
+    what: str,
+    inverse: bool = False,
+    windows: Optional[tuple] = None,
 ) -> float:
     """y (the target's output, or its VJP, as it returned it) against the float64 reference
     R_m x (``inverse``: R_m^T x), a chunk of the sequence at a time: only y and x are held
-    whole, in their dtype. A dynamic scaling's theta comes from the whole call."""
+    whole, in their dtype. A dynamic scaling's theta comes from the whole call.
+    ``windows``: ((start, stop), ...) of the sequence, the only tokens compared (an input
+    far larger than what it checks: ``size_switches``)."""
     batch, seq, heads, head_dim = x.shape
     step = max(1, REFERENCE_CHUNK // max(batch * heads * head_dim, 1))
     seq_len = ctx.convention.seq_len(p)
     tally = Tally()
-    for start in range(0, max(seq, 1), step):
-        part = slice(start, start + step)
-        x64, at = as_float64(x[:, part]), p[:, part]
-        expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
-        bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
-        tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
+    for first, stop in windows or ((0, max(seq, 1)),):
+        for start in range(first, stop, step):
+            part = slice(start, min(start + step, stop))
+            x64, at = as_float64(x[:, part]), p[:, part]
+            expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
+            bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
+            tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
     return tally.verdict(what=what, positions=p)

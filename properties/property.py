@@ -112,6 +112,9 @@ class Family:
     calls: tuple = TENSOR_FORMS  # the call forms its targets may take, the first the default
     # (parameters: dict, own convention or None) -> Declaration; raises FamilyError
     declare: Callable = lambda parameters, own: Declaration(own)
+    # (prop, ctx) -> (the inputs that cross a kernel's size switches, what of them the run
+    # leaves out, in words: properties.size_switches)
+    size_inputs: Callable = lambda prop, ctx: ([], "")
     range_probe: bool = False  # a run starts with the position-range probe (1-D RoPE)
     description: str = ""  # the contract of its targets, one line
 
@@ -189,6 +192,8 @@ class Property:
     # per-row offsets accepts)
     per_token_positions: bool = False
     sweeps: bool = False  # the reference agreement: the accuracy sweep and the diagnosis follow it
+    # tries its family's inputs that cross the size switch points, a failure searched down to its boundary
+    size_switches: bool = False
     # needs a table-fed library interface (--api with a table: ropecheck makes the table)
     needs_table: bool = False
     # needs an interface that quantizes its outputs (Interface.quantized; with needs_table)
@@ -202,6 +207,9 @@ class Property:
 
     def fixed(self, ctx) -> list:
         return self.family.fixed(self, ctx)
+
+    def size_inputs(self, ctx) -> tuple:
+        return self.family.size_inputs(self, ctx) if self.size_switches else ([], "")
 
     def applies_to(self, target: Subject) -> tuple[bool, str]:
         call = target.call

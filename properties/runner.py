@@ -9,7 +9,7 @@ import re
 import shlex
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -17,12 +17,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from ropecheck.properties import size_switches
 from ropecheck.properties.accuracy import accuracy_sweep
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.sizes import SIZES, Sizes
 from ropecheck.properties.core.sizes import parse as parse_sizes
 from ropecheck.properties.diagnosis import likely_cause
+from ropecheck.properties.inputs.cases import abridged
 from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS
 from ropecheck.properties.one_d import Context
 from ropecheck.properties.property import Property
@@ -75,10 +77,19 @@ class Result:
     cause: Optional[str] = None  # the root cause this failure shares with others (session)
     signature: str = ""  # what makes two failures the same cause
     mode: str = "eager"  # how the target was run (ropecheck.modes)
+    # a target called through a library interface: the classes of its argument values each
+    # call had, one tuple of (factor, class) pairs per distinct combination (the session
+    # counts the pairs they cover)
+    paths: list = field(default_factory=list)
+    # the size switch inputs not tried (their time budget: ``size_switches``), in words
+    untried: str = ""
+    # the whole failing input (the JSON record's: the printed counterexample abridges it)
+    input: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "max_error": json_number(self.max_error)}
         out.pop("signature")
+        out.pop("paths")
         return out
 
 
@@ -273,8 +284,14 @@ def run_property(
         seen.passed(error)
 
     def after_drawn():
+        rate = 0.0  # seconds per element of the larger fixed inputs: the target's speed
         for drawn in prop.fixed(ctx):  # the fixed inputs every run tries
+            start = time.perf_counter()
             attempt(drawn)
+            elements = float(np.prod(drawn[0].shape))
+            if elements >= RATE_ELEMENTS:
+                rate = max(rate, (time.perf_counter() - start) / elements)
+        _size_switches(prop, ctx, options, seen, run_check, result, rate)
         for probe in prop.probes(ctx):  # then the exotic inputs, where refusals are notes
             try:
                 run_check((probe.case, {}), probe.check)
@@ -301,6 +318,7 @@ def run_property(
         if result.status == "failed":
             result.diagnosis = _likely_cause(ctx)
     result.seconds = time.perf_counter() - start
+    result.paths = sorted(getattr(ctx.rope, "paths", ()))
     return result
 
 
@@ -338,6 +356,7 @@ def _run(
         result.status = "failed" if known else "error"
         result.message = str(exc) if known else f"internal error {type(exc).__name__}: {exc}"
         if drawn is not None:
+            result.input = _record(*drawn) if isinstance(drawn, tuple) and len(drawn) == 2 else {}
             result.message += whose(exc, drawn)
             result.counterexample = describe(drawn) + (
                 f" (shrinking stopped after {SHRINK_BUDGET:g} s or {CRASH_BUDGET} crashes: the "
@@ -364,6 +383,64 @@ def call_time_limit(timeout: Optional[float], case) -> Optional[float]:
     if not timeout:
         return timeout
     return timeout * max(1.0, float(np.prod(case.shape)) / DRAWN_ELEMENTS)
+
+
+# Seconds the size switch inputs of one property and dtype may take (at the rate the first
+# ones took); the production profile tries the larger ones on a slow target too.
+SIZE_BUDGET = {"production": 120.0}
+DEFAULT_SIZE_BUDGET = 3.0
+
+
+# Elements past which a fixed input's time measures the target's speed (below, a call's own
+# overhead does)
+RATE_ELEMENTS = 2**16
+
+
+def _size_switches(
+    prop: Property, ctx, options: RunOptions, seen: Seen, run_check, result: Result, rate: float = 0.0
+) -> None:
+    """The inputs that cross the size switch points (``size_switches``), smallest first,
+    while their time (predicted at ``rate``, seconds per element, from the inputs before:
+    the larger fixed ones, then these) fits the budget; a failure is searched down to its
+    boundary, and a size switch found is the failure, its boundary input the
+    counterexample."""
+    budget = SIZE_BUDGET.get(options.profile, DEFAULT_SIZE_BUDGET)
+    passed: dict = {}  # kind -> the largest count that passed
+    spent = 0.0
+
+    def fails(case, **extras):
+        ctx.rope.case, ctx.rope.timeout = case, call_time_limit(options.timeout, case)
+        prop.check(ctx, case, **extras)
+
+    sizes, result.untried = prop.size_inputs(ctx)
+    for size in sizes:
+        if spent + rate * size.elements > budget:
+            result.untried = "; ".join(
+                filter(
+                    None,
+                    (
+                        f"size switches: inputs from {size.crosses} on not tried (about {rate * size.elements:.0f} s "
+                        f"each at this target's speed, past the {budget:g} s of the {options.profile} profile; "
+                        "--profile production tries them)",
+                        result.untried,
+                    ),
+                )
+            )
+            return
+        start = time.perf_counter()
+        try:
+            run_check((size.case, size.extras(size.case)), prop.check)
+        except (CheckFailure, CallError):
+            found = size_switches.boundary(size, fails, passed.get(size.kind, 0))
+            if found is None:
+                raise
+            error, where = getattr(found.failure, "error", float("inf")), getattr(found.failure, "where", {})
+            failure = CheckFailure(f"{found.sentence}: {found.failure}", error, where)
+            seen.failed((found.case, size.extras(found.case)), failure)
+            raise failure from None
+        took = time.perf_counter() - start
+        spent, rate = spent + took, max(rate, took / max(size.elements, 1))
+        passed[size.kind] = size.count
 
 
 def _whose_head(exc: BaseException, case) -> str:
@@ -404,9 +481,25 @@ def _likely_cause(ctx: Context) -> str:
     return (cause or "").removeprefix("likely cause: ")
 
 
+def _record(case, extras) -> dict:
+    """The whole input, as JSON takes it: the case's fields and the extras' values."""
+
+    def plain(value):
+        if is_dataclass(value) and not isinstance(value, type):
+            return {k: plain(v) for k, v in asdict(value).items()}
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (int, float, str, bool)) or value is None else repr(value)
+
+    return {"case": plain(case), "extras": plain(extras)}
+
+
 def _describe(case, extras) -> str:
-    shown = {
-        k: (v.describe() if hasattr(v, "describe") else np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
-        for k, v in extras.items()
-    }
-    return case.describe() + (f"; {shown}" if shown else "")
+    """The input in one line: lists (positions, steps, offsets) abridged (``abridged``); the
+    whole input is the JSON record's (``Result.input``) and the reproduce line's."""
+    shown = ", ".join(f"{k!r}: {abridged(v)}" for k, v in extras.items())
+    return case.describe() + (f"; {{{shown}}}" if shown else "")

@@ -268,6 +268,10 @@ def _list_presets(console) -> None:
             markup=False,
             soft_wrap=True,
         )
+        classes = "; ".join(
+            f"{f.name}: {', '.join(c.name for c in f.classes if c.name != 'n/a')}" for f in preset.space.factors
+        )
+        console.print(f"    argument classes drawn (every pair in every run): {classes}", markup=False, soft_wrap=True)
 
 
 @table_command(

@@ -312,7 +312,7 @@ def hf_mqa_key_unrotated(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 # --- TransformerEngine: fn(t, freqs, tensor_format="sbhd", start_positions=None, ...) -------
 
 
-def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=False):
+def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=False, buffer_as_batch=False):
     r = freqs.shape[-1]
     half = freqs[..., : r // 2] if not interleaved else freqs[..., 0:r:2]
     table = half.reshape(freqs.shape[0], r // 2)  # (P, r/2) float32 angles
@@ -327,7 +327,12 @@ def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=
         return out
     bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
     batch, seqlen = bshd.shape[:2]
-    starts = torch.zeros(batch, dtype=torch.long) if start_positions is None else start_positions.long()
+    # start_positions may be a longer buffer (TransformerEngine's inference keeps one of max_batch_size):
+    # the first batch entries are this batch's
+    if start_positions is None:
+        starts = torch.zeros(batch, dtype=torch.long)
+    else:
+        starts = start_positions.long() if buffer_as_batch else start_positions[:batch].long()
     if row0:
         starts = starts[:1].expand(batch)
     rows = starts[:, None] + torch.arange(seqlen)
@@ -339,6 +344,14 @@ def te_correct(
     t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False, cu_seqlens=None, cp_size=1, cp_rank=0
 ):
     return _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens)
+
+
+def te_buffer_as_batch(
+    t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False, cu_seqlens=None, cp_size=1, cp_rank=0
+):
+    """Takes start_positions for the batch: a longer buffer of start positions (as
+    TransformerEngine's inference passes it) makes its shapes disagree."""
+    return _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, buffer_as_batch=True)
 
 
 def te_row0_start_positions(

@@ -32,7 +32,7 @@ def _fused(
     padding_written=False,
     value_rotated=False,
 ):
-    head_size = key_cache.shape[-1]
+    head_size = query.shape[-1]
     k = _heads(key, head_size)
     if k_only_in_cache:  # the rotation of k lands in a copy (an SGLang fork's fused_rope_store)
         k = k.clone()
@@ -43,8 +43,8 @@ def _fused(
     if value_rotated:
         v = v.clone()
         _cache_rotary(positions, v, None, head_size, cos_sin_cache, is_neox)
-    keys = key_cache.view(-1, *key_cache.shape[-2:])
-    values = value_cache.view(-1, *value_cache.shape[-2:])
+    keys = key_cache.view(-1, *k.shape[1:])  # paged (blocks, block_size, H, D) or slots (slots, H * D)
+    values = value_cache.view(-1, *k.shape[1:])
     cached = torch.ones_like(slots, dtype=torch.bool) if padding_written else slots >= 0
     where = slots[cached] + slot_shift
     keys[where] = k[cached].to(keys.dtype)
@@ -105,7 +105,9 @@ def sglang_kv_correct(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_l
 
 
 def sglang_kv_key_only_in_cache(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
-    """Writes the rotated k into the cache and leaves the caller's k unrotated."""
+    """Writes the rotated k into the cache and leaves the caller's k as given: what SGLang's
+    kernel does since its register_custom_op declares mutates_args q, k_cache, v_cache
+    (python/sglang/jit_kernel/rope.py): correct."""
     _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, k_only_in_cache=True)
 
 
@@ -115,8 +117,20 @@ def sglang_kv_slot_off_by_one(q, k, v, k_cache, v_cache, cos_sin_cache, position
 
 
 def sglang_kv_padding_written(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
-    """Does not skip out_loc -1: a padding token lands in the cache's last slot."""
+    """Stores every token at its out_loc, padding tokens included: SGLang gives them slot 0,
+    which its KV pool reserves for them (python/sglang/srt/mem_cache/memory_pool.py): correct."""
     _fused(q, k, v, positions, cos_sin_cache, is_neox, k_cache, v_cache, out_loc, padding_written=True)
+
+
+def sglang_kv_cached_unrotated(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+    """Rotates q and k in place but stores k as it was given (the store reads k before the
+    rotation is written)."""
+    head_size = q.shape[-1]
+    given = _heads(k, head_size).clone()
+    _cache_rotary(positions, q, k, head_size, cos_sin_cache, is_neox)
+    keys, values = k_cache.view(-1, *given.shape[1:]), v_cache.view(-1, *given.shape[1:])
+    keys[out_loc.long()] = given.to(keys.dtype)
+    values[out_loc.long()] = _heads(v, head_size).to(values.dtype)
 
 
 def sglang_kv_value_rotated(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):

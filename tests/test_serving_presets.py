@@ -1,7 +1,8 @@
 """Fused serving kernels through their libraries' signatures (issue 26): rope + KV-cache
 write (``--api vllm-kvcache``, ``--api sglang-kvcache``), every output checked (q and k
 rotated in place, each token's slot holding its rotated k and its v, every other slot
-untouched, padding tokens of slot -1 writing nothing), and MLA's k_pe in its latent row.
+untouched, padding tokens writing nothing (vLLM's slot -1) or only their reserved slot
+(SGLang's slot 0)), and MLA's k_pe in its latent row.
 Every correct kernel passes and every defect fails, in float32 and bfloat16, with the
 token, the slot and the tensor named."""
 
@@ -23,6 +24,11 @@ CORRECT = [
     ("vllm_kv_correct", "vllm-kvcache", {"layout": "interleaved", "rotary_dim": 8}),
     ("sglang_kv_correct", "sglang-kvcache", {}),
     ("sglang_kv_correct", "sglang-kvcache", {"layout": "interleaved"}),
+    # SGLang's conventions (presets.py: padding_slot, key_cached): padding tokens write the
+    # slot its KV pool reserves for them, and its kernel leaves k as given since it stores
+    # the rotation in k_cache only; vLLM's would be defects (BROKEN)
+    ("sglang_kv_padding_written", "sglang-kvcache", {}),
+    ("sglang_kv_key_only_in_cache", "sglang-kvcache", {}),
 ]
 
 
@@ -32,19 +38,21 @@ def test_a_correct_fused_cache_write_kernel_passes(name, api, options):
     assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
 
 
-# (kernel suffix, words the contract finding must hold)
+# (kernel, preset, words the contract finding must hold)
 BROKEN = [
-    ("key_only_in_cache", "was left unrotated (the rotated k went only into"),
-    ("slot_off_by_one", "off by +1"),
-    ("padding_written", "is -1 (not to be cached)"),
-    ("value_rotated", "changed on its way into"),
+    ("vllm_kv_key_only_in_cache", "vllm-kvcache", "was left unrotated (the rotated k went only into"),
+    ("vllm_kv_slot_off_by_one", "vllm-kvcache", "off by +1"),
+    ("vllm_kv_padding_written", "vllm-kvcache", "is -1 (not to be cached)"),
+    ("vllm_kv_value_rotated", "vllm-kvcache", "changed on its way into"),
+    ("sglang_kv_slot_off_by_one", "sglang-kvcache", "off by +1"),
+    ("sglang_kv_value_rotated", "sglang-kvcache", "changed on its way into"),
+    ("sglang_kv_cached_unrotated", "sglang-kvcache", "but not into what k_cache slot"),
 ]
 
 
-@pytest.mark.parametrize("prefix, api", [("vllm_kv", "vllm-kvcache"), ("sglang_kv", "sglang-kvcache")])
-@pytest.mark.parametrize("defect, words", BROKEN, ids=[b[0] for b in BROKEN])
-def test_a_fused_cache_write_defect_is_named_by_token_slot_and_tensor(prefix, api, defect, words):
-    report = run(f"{prefix}_{defect}", api, properties=["contract"])
+@pytest.mark.parametrize("name, api, words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_fused_cache_write_defect_is_named_by_token_slot_and_tensor(name, api, words):
+    report = run(name, api, properties=["contract"])
     failed = {r.dtype for r in report.failures if r.property == "contract"}
     assert failed == {"float32", "bfloat16"}, [(r.property, r.dtype, r.status) for r in report.results]
     message = report.failures[0].message

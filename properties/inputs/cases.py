@@ -300,11 +300,12 @@ class Case:
         p = self.positions_array()
         if self.n_axes > 1:
             return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
-        rows = "; ".join(_short(row) for row in p)
-        variant = "".join(f", {factor} {value}" for factor, value in self.choices)
+        rows = abridged(p).strip("[]")
+        classes = ", ".join(f"{factor}={value}" for factor, value in self.choices)
+        called = f"; interface classes {classes}" if classes else ""
         return (
-            f"{self._form()} {self.dtype}, {self.memory}{variant}, scale {self.scale:g}, seed {self.seed}; "
-            f"positions [{rows}]"
+            f"{self._form()} {self.dtype}, {self.memory}, scale {self.scale:g}, seed {self.seed}; "
+            f"positions [{rows}]{called}"
         )
 
     def _form(self) -> str:
@@ -329,13 +330,34 @@ def nested(positions) -> tuple:
     return tuple(nested(row) for row in p) if p.ndim > 1 else tuple(p.tolist())
 
 
-def _short(row: np.ndarray, limit: int = 10) -> str:
-    values = row.tolist()
+SHOWN = 10  # values of a list a printed line shows (the first and last halves)
+SHOWN_ROWS = 4  # rows of nested lists (a batch's positions) likewise
+
+
+def _short(row, limit: int = SHOWN) -> str:
+    values = np.asarray(row).tolist()
     if len(values) <= limit:
         return ", ".join(map(str, values))
     head = ", ".join(map(str, values[: limit // 2]))
     tail = ", ".join(map(str, values[-limit // 2 :]))
     return f"{head}, ... ({len(values) - limit} more), {tail}"
+
+
+def abridged(value, limit: int = SHOWN) -> str:
+    """A value as a printed line shows it: a list (or array) of more than ``limit`` items as
+    its first and last ones and how many are left out; nested lists (rows) likewise, at
+    most SHOWN_ROWS rows; anything else as it is."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        return value.describe() if hasattr(value, "describe") else repr(value)
+    if value and isinstance(value[0], (list, tuple, np.ndarray)):
+        rows = [abridged(row, limit) for row in value]
+        if len(rows) > SHOWN_ROWS:
+            more = f"... ({len(rows) - SHOWN_ROWS} more rows)"
+            rows = rows[: SHOWN_ROWS // 2] + [more] + rows[-SHOWN_ROWS // 2 :]
+        return "[" + "; ".join(r.strip("[]") for r in rows) + "]"
+    return f"[{_short(value, limit)}]"
 
 
 def as_float64(t: torch.Tensor) -> np.ndarray:

@@ -177,8 +177,11 @@ def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Cas
 
 
 def counts_up(case: Case) -> bool:
-    """Whether every row of the case's positions is offset + arange(seq)."""
+    """Whether every row of the case's positions (every packed sequence) is offset + arange."""
     p = case.positions_array()
+    if case.call == "packed" and case.lengths and sum(case.lengths) == p.size:
+        starts = np.cumsum((0,) + tuple(case.lengths[:-1]))
+        return all(bool((np.diff(p[0, s : s + n]) == 1).all()) for s, n in zip(starts, case.lengths))
     return bool((np.diff(p, axis=1) == 1).all())
 
 

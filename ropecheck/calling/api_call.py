@@ -35,6 +35,7 @@ from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.core.contract import segment_lengths
 from ropecheck.properties.core.dtypes import dtype_name
 from ropecheck.properties.inputs.cases import LAYOUTS
+from ropecheck.properties.interfaces.draws import observe
 from ropecheck.properties.interfaces.interface import Table
 
 
@@ -55,6 +56,7 @@ class _Call:
         self.kv: Optional[KVCacheCall] = None  # the KV cache of a fused rope + cache-write interface
         self.format = tensor_format(self.preset.tensors)
         self.cp, self.rank = 1, 0  # context-parallel ranks, and the one being called (context_parallel)
+        self.passed: dict = {}  # factor -> the class of the value a role passed (roles), for observe
 
     # --- the canonical tensors -----------------------------------------------------------
     def _qk(self):
@@ -99,13 +101,14 @@ class _Call:
         return self.format.from_api(self, out, like)
 
     def flat_tokens(self) -> bool:
-        """Whether a tokens-format call takes (T, H*D) (its ``query`` choice)."""
-        return self.choice("query") == "flat"
+        """Whether a tokens-format call takes (T, H*D) (its ``query shape`` class)."""
+        return self.choice("query shape") == "(T, H*D)"
 
     def format_variant(self) -> str:
-        """The tensor format of a format-choosing interface (sbhd, bshd: its ``tensor_format``
-        choice)."""
-        return self.choice("tensor_format")
+        """The batch format of a format-choosing interface: its ``tensor_format`` class,
+        sbhd or bshd (thd is a packed call's)."""
+        chosen = self.choice("tensor_format")
+        return chosen if chosen in ("sbhd", "bshd") else "sbhd"
 
     def layout_flag(self):
         """The interface's pairing argument for the declared layout (is_neox, interleave, ...)."""
@@ -122,7 +125,7 @@ class _Call:
     # --- positions as the interface takes them -------------------------------------------
     def token_positions(self) -> torch.Tensor:
         flat = self.positions.reshape(-1)
-        return flat.to(torch.int32) if self.choice("pos_ids") == "int32" else flat
+        return flat.to(torch.int32) if self.choice("positions dtype") == "int32" else flat
 
     def sequence_offsets(self) -> torch.Tensor:
         """(sequences,) int64: each row's (packed: each sequence's) first position, after
@@ -233,16 +236,60 @@ class _Call:
         return args, kwargs
 
     # --- the call ------------------------------------------------------------------------
+    def run_seen(self, fn, seen: Optional[dict]):
+        """``run``, and into ``seen`` the classes of each factor of the interface's space
+        the call had (``interfaces.draws.observe``), whether it returned or not."""
+        try:
+            return self.run(fn)
+        finally:
+            if seen is not None:
+                seen.update(self.observed())
+
+    def observed(self) -> dict:
+        """factor -> the class of it this call had: from its tensors, its positions and the
+        values its roles passed (``passed``)."""
+        space = self.preset.interface.space
+        if not space.factors:
+            return {}
+        heads = self.x.shape[2]
+        if self.form.call == "qk":
+            hq = self.form.split(heads)
+            hk = heads - hq if hq < heads else (1 if self.preset.k == "required" else 0)
+        else:
+            hq, hk = heads, 0
+        facts = {
+            "call": self.form.call,
+            "positions": self.positions.detach().cpu().numpy(),
+            "lengths": self.lengths() if self.packed else (),
+            "q_heads": hq,
+            "k_heads": hk,
+            "memory": self.form.memory,
+            "separate": self.form.separate,
+            "k_memory": self.form.k_memory,
+            "choices": self.form.choices,
+            "passed": self.passed,
+        }
+        return observe(space, facts)
+
     def run(self, fn):
         if self.form.call == "qk":
             return self._run_qk(fn)
         t = self.to_api(self.x)
         args, kwargs = self.arguments({"x": t})
+        given = t.detach().clone() if self.preset.writes_x(self.form.choices) else None
         out = fn(*args, **kwargs)
         self._after()
         if not isinstance(out, torch.Tensor):
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor like its input")
         _fits("y", out, t)
+        if given is not None and not torch.equal(out.detach(), t.detach()):
+            flag = " or ".join(f"{factor}={value}" for factor, value in self.preset.in_place_when)
+            left = "left as it was" if torch.equal(t.detach(), given) else "holding something else"
+            raise ReturnedWrong(
+                "inplace",
+                f"{flag} was passed, but {self.preset.interface.word('query', 'x')} does not hold the output it "
+                f"returned ({self.preset.interface.word('query', 'x')} {left})",
+            )
         return self.from_api(out, self.x), out
 
     def _run_qk(self, fn):
@@ -254,9 +301,20 @@ class _Call:
         if self.preset.cache:
             if q_api is None or k_api is None:
                 raise ValueError(f"--api {self.preset.name} takes a query and a key in every call")
-            padded = self.choice("padding") == "padded"
+            padded = self.choice("padding") == "padded batch"
             names = {p.role: p.name for p in self.preset.params}
-            self.kv = KVCacheCall(self.preset.cache, q_api, k_api, self.token_positions(), padded, names, self._keep)
+            preset = self.preset
+            self.kv = KVCacheCall(
+                preset.cache,
+                q_api,
+                k_api,
+                self.token_positions(),
+                padded,
+                names,
+                self._keep,
+                padding_slot=preset.padding_slot,
+                key_cached=preset.key_cached,
+            )
             tensors = self.kv.arguments()
         args, kwargs = self.arguments(tensors)
         out = fn(*args, **kwargs)
@@ -280,13 +338,13 @@ class _Call:
     def _after(self) -> None:
         """What the kernel wrote into the tensors it got instead of views of x goes back
         into x; a table it wrote into, or a KV cache written wrong, is a finding."""
+        if self.kv is not None:  # first: where the rotated k lives in the cache, the checks read it in key
+            self.kv.check()
         if not self.x.requires_grad:
             with torch.no_grad():
                 for canonical, given in reversed(self.copies):  # a copy of a copy first
                     canonical.copy_(given)
         self.tables_untouched()
-        if self.kv is not None:
-            self.kv.check()
 
 
 def _same(value, default) -> bool:
@@ -298,6 +356,7 @@ def _same(value, default) -> bool:
     return bool(value == default)
 
 
-def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor):
-    """(canonical y, what the target returned) for ``fn`` called through ``form.api``."""
-    return _Call(form, x, positions).run(fn)
+def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor, seen: Optional[dict] = None):
+    """(canonical y, what the target returned) for ``fn`` called through ``form.api``;
+    ``seen`` gets the classes of the interface's argument values the call had."""
+    return _Call(form, x, positions).run_seen(fn, seen)

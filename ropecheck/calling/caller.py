@@ -16,6 +16,7 @@ import torch
 
 from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
+from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.core.contract import CallError
 
 DEFAULT_TIMEOUT = 20.0
@@ -107,6 +108,7 @@ class Caller:
         self.cp_size = cp_size  # context-parallel ranks an interface's call is split across
         self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
+        self.paths: set = set()  # the classes of its interface's argument values each call had
 
     def form(self, x: torch.Tensor, case=None, table_sign: int = 1) -> Optional[Form]:
         """How a call on x goes to the target: the case's split where x is the case's
@@ -115,21 +117,25 @@ class Caller:
         if self.call == "x" and not self.api:
             return None
         case = case or self.case
-        whole = case is not None and getattr(case, "call", "x") == self.call
+        call = self.call
+        if self.api and case is not None and getattr(case, "call", call) in ("x", "packed") and call != "qk":
+            call = case.call  # an interface that takes a batch and packed sequences: the case's form
+        whole = case is not None and getattr(case, "call", "x") == call
         interface: dict = {}
         if self.api:
             interface = dict(
                 api=self.api,
                 choices=getattr(case, "choices", ()) if case is not None else (),
+                memory=getattr(case, "memory", "") if case is not None else "",
                 convention=self.convention,
                 table_rows=self.table_rows,
                 table_sign=table_sign,
                 inplace=self.inplace,
                 cp_size=self.cp_size,
             )
-        if self.call == "x":
+        if call == "x":
             return Form("x", **interface)
-        if self.call == "qk":
+        if call == "qk":
             fits = whole and case.heads + case.k_heads == x.shape[2]
             separate = bool(whole and case.separate)
             k_memory = case.k_memory if fits and separate and self.api else ""
@@ -162,8 +168,11 @@ class Caller:
     ) -> Outcome:
         form = self.form(args[0], case, table_sign)
         limit = self.time_limit(op, args, positions, form)
-        request = Request(op, args, positions, grads, self.inplace, form, self.device, self.mode, limit)
+        inplace = self.inplace or (form is not None and bool(form.api) and PRESETS[form.api].writes_x(form.choices))
+        request = Request(op, args, positions, grads, inplace, form, self.device, self.mode, limit)
         outcome = self.executor.run(request)
+        if outcome.classes:
+            self.paths.add(tuple(outcome.classes.items()))
         if outcome.error is not None:
             raise CallError(*outcome.error)
         return outcome

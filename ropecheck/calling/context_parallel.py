@@ -191,7 +191,7 @@ def _order(split: Split) -> np.ndarray:
     return np.concatenate([split.local_tokens(r) for r in range(split.cp_size)])
 
 
-def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor):
+def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor, seen=None):
     """(canonical y, what the ranks returned) for ``fn`` called through ``form.api`` on
-    ``form.cp_size`` ranks."""
-    return _ContextParallelCall(form, x, positions).run(fn)
+    ``form.cp_size`` ranks; ``seen`` gets the classes of its argument values."""
+    return _ContextParallelCall(form, x, positions).run_seen(fn, seen)

@@ -74,6 +74,7 @@ class Outcome:
     violations: list = field(default_factory=list)
     state_changes: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # (message, count): what torch.compile warned of
+    classes: dict = field(default_factory=dict)  # a call through an interface: factor -> the class it had
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -223,12 +224,13 @@ def _raised(exc: BaseException) -> tuple:
     return ("raised", f"the target raised {describe_exception(exc)}")
 
 
-def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form]):
+def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form], seen: Optional[dict] = None):
     """(canonical y, what the target returned): fn called on the canonical x (``args``:
-    (x,)) in its call form (``ropecheck.calling.forms``)."""
+    (x,)) in its call form (``ropecheck.calling.forms``); through an interface, ``seen``
+    gets the classes of its argument values the call had."""
     (x,) = args
     if form is not None and form.api:
-        return (context_parallel if form.cp_size > 1 else api_call).invoke(form, fn, x, positions)
+        return (context_parallel if form.cp_size > 1 else api_call).invoke(form, fn, x, positions, seen)
     if form is None or form.call == "x":
         out = fn(x, positions)
         if isinstance(out, torch.Tensor) and out.device != x.device:
@@ -293,7 +295,7 @@ class Execution:
         pos = place(positions)
         with state_guard(outcome.state_changes):
             try:
-                out, returned = _invoke(self.in_mode(mode), copies, pos, form)
+                out, returned = _invoke(self.in_mode(mode), copies, pos, form, outcome.classes)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -367,7 +369,7 @@ class Execution:
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form)
+                y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form, outcome.classes)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome

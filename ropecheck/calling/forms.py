@@ -61,6 +61,7 @@ class Form:
     lengths: tuple = ()  # packed: sequence lengths; () = found from the positions
     api: str = ""  # the preset it is called through ("" none)
     choices: tuple = ()  # ((factor, class), ...): the case's choices of the interface's argument classes
+    memory: str = ""  # the case's memory layout (what a call through an interface reports it had)
     k_memory: str = ""  # qk, separate: k's own memory layout ("" x's)
     convention: Any = None  # what its table is made from
     table_rows: int = 0  # rows of a table indexed by position

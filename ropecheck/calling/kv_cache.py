@@ -9,17 +9,24 @@ for every call ropecheck makes
 
 - v (values of its own, as many heads as k), and the caches: "paged" (num_blocks,
   block_size, kv_heads, head_size), slot s at block s // block_size, offset s %
-  block_size (vLLM), or "slots" (slots, kv_heads, head_size) (SGLang), in k's dtype (the
-  cache dtype "auto"), every entry a sentinel;
-- a slot per token, distinct and scattered over the cache; in a "padded" call variant,
-  padding tokens at the front and the back of the batch (position 0, slot -1, values of
-  their own), so q, k and v are tensors of ropecheck's with the case's tokens in between;
+  block_size (vLLM), or "slots" (slots, kv_heads * head_size) (SGLang), in k's dtype
+  (the cache dtype "auto"), every entry a sentinel;
+- a slot per token, distinct and scattered over the cache; in a padded batch, padding
+  tokens at the front and the back of the batch (position 0, values of their own), so q,
+  k and v are tensors of ropecheck's with the case's tokens in between; a padding token's
+  slot is the library's (``padding_slot``): -1 for vLLM (skipped: reshape_and_cache_flash
+  returns on a negative slot), 0 for SGLang (its KV pool reserves slot 0 for the writes of
+  padding tokens, and never gives it to a token);
 
 and after it checks (``ReturnedWrong("cache", ...)``, naming the token, the slot and the
-tensor): each cached token's slot holds the k the kernel left in ``key`` (rotated in place)
-and its v as given, within one rounding of the cache dtype each (two computations of one
-rotated value may round apart); every other slot holds the sentinel (padding tokens wrote
-nothing); v is left as it was. The padding tokens' own q and k may be rotated or not.
+tensor): each cached token's slot holds its rotated k and its v as given, within one
+rounding of the cache dtype each (two computations of one rotated value may round
+apart); where the rotated k lives is the library's (``key_cached``): vLLM's kernel
+rotates ``key`` in place and caches it; SGLang's stores the rotation in ``k_cache`` and
+leaves ``k`` as given (its versions before rotated ``k`` in place too: either is
+accepted, and the rotation the checks read is the cache's); every slot no token owns
+holds the sentinel (SGLang's slot 0 aside, where padding tokens write); v is left as it
+was. The padding tokens' own q and k may be rotated or not.
 """
 
 from __future__ import annotations
@@ -60,8 +67,11 @@ class KVCacheCall:
         padded: bool,
         names: dict,
         keep: Callable,
+        padding_slot: int = -1,
+        key_cached: str = "key",
     ):
         self.layout, self.names = layout, names
+        self.padding_slot, self.key_cached = padding_slot, key_cached
         self.before, self.after = PADDING if padded else (0, 0)
         self.tokens = positions.numel()
         self.query, self.key = self._padded(query, keep), self._padded(key, keep)
@@ -74,13 +84,15 @@ class KVCacheCall:
         slots = n + 2 * BLOCK_SIZE  # room for slots no token owns, among them the last
         blocks = -(-slots // BLOCK_SIZE)
         slots = blocks * BLOCK_SIZE
-        shape = (blocks, BLOCK_SIZE, heads, head_size) if layout == "paged" else (slots, heads, head_size)
+        shape = (blocks, BLOCK_SIZE, heads, head_size) if layout == "paged" else (slots, heads * head_size)
         self.key_cache = torch.full(shape, SENTINEL, dtype=key.dtype, device=key.device)
         self.value_cache = torch.full(shape, SENTINEL, dtype=key.dtype, device=key.device)
-        owned = rng.permutation(slots - 1)[: self.tokens]  # the last slot is never a token's
-        mapping = np.full(n, -1, dtype=np.int64)
+        # the last slot is never a token's (a -1 used as an index lands there), nor a reserved padding slot
+        free = np.setdiff1d(np.arange(slots - 1), [padding_slot])
+        owned = free[rng.permutation(free.size)[: self.tokens]]
+        mapping = np.full(n, padding_slot, dtype=np.int64)
         mapping[self.before : self.before + self.tokens] = owned
-        self.slot_mapping = torch.from_numpy(mapping).to(key.device)
+        self.slot_mapping = torch.from_numpy(mapping).to(device=key.device, dtype=positions.dtype)
         pad = torch.zeros(n, dtype=positions.dtype, device=positions.device)
         pad[self.before : self.before + self.tokens] = positions.reshape(-1)
         self.positions = pad
@@ -132,8 +144,11 @@ class KVCacheCall:
         keys, values = self.key.detach(), self.value
         key_cache = self.key_cache.reshape(-1, *keys.shape[1:])
         value_cache = self.value_cache.reshape(-1, *keys.shape[1:])
-        cached = self.slot_mapping >= 0
-        tokens, slots = cached.nonzero().reshape(-1), self.slot_mapping[cached]
+        cached = torch.zeros_like(self.slot_mapping, dtype=torch.bool)
+        cached[self.before : self.before + self.tokens] = True
+        tokens, slots = cached.nonzero().reshape(-1), self.slot_mapping[cached].long()
+        if self.key_cached == "cache":
+            keys = self._key_from_cache(key_cache, tokens, slots)
         for role, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
             held, want = cache[slots].float(), expected[tokens].float()
             room = 2 * _ulps(cache) * want.abs().amax(-1, keepdim=True)
@@ -144,11 +159,34 @@ class KVCacheCall:
                 raise ReturnedWrong("cache", self._wrong_slot(role, i, slot, cache, expected))
         owned = torch.zeros(key_cache.shape[0], dtype=torch.bool)
         owned[slots.cpu()] = True
+        if self.padding_slot >= 0 and (self.before or self.after):
+            owned[self.padding_slot] = True  # the padding tokens' own slot: written, never read
         for name, cache, expected in (("key_cache", key_cache, keys), ("value_cache", value_cache, values)):
             written = ((cache != SENTINEL).reshape(cache.shape[0], -1).any(-1).cpu()) & ~owned
             if bool(written.any()):
                 slot = int(written.nonzero()[0])
                 raise ReturnedWrong("cache", self._stray(name, slot, cache, expected))
+
+    def _key_from_cache(self, key_cache: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Where the rotated k goes into the cache (SGLang): ``key`` must be as given or hold
+        what the cache holds; the cache's rotation then stands in ``key`` for the checks."""
+        key = self.key.detach()
+        held = key_cache[slots]
+        changed = (key[tokens] != self.key_in[tokens]).reshape(tokens.numel(), -1).any(-1)
+        room = 2 * _ulps(key_cache) * held.float().abs().amax(-1, keepdim=True)
+        off = ~((key[tokens].float() - held.float()).abs() <= room).reshape(tokens.numel(), -1).all(-1)
+        if bool((changed & off).any()):
+            first = int((changed & off).nonzero()[0])
+            i, slot = int(tokens[first]), int(slots[first])
+            raise ReturnedWrong(
+                "cache",
+                f"{self._name('key')} was changed for {self._token(i)}, but not into what "
+                f"{self._name('key_cache')} {self._where(slot)} holds (the rotated k goes into the cache; k itself "
+                "is left as given, or rotated in place by earlier versions)",
+            )
+        with torch.no_grad():
+            self.key[tokens] = held.to(self.key.dtype)
+        return self.key.detach()
 
     def _wrong_slot(self, role: str, i: int, slot: int, cache, expected) -> str:
         name, tensor = self._name(role), self._name("key" if role == "key_cache" else "value")
@@ -160,7 +198,7 @@ class KVCacheCall:
         )
         if bool((cache[slot] == SENTINEL).all()):
             say += ": nothing was written there"
-        elif role == "key_cache" and torch.equal(self.key_in[i], expected[i]):
+        elif role == "key_cache" and self.key_cached == "key" and torch.equal(self.key_in[i], expected[i]):
             say += f"; {tensor} was left unrotated (the rotated k went only into {name})"
         elif role == "value_cache" and torch.equal(cache[slot], self.key[i].detach()):
             say += f"; it holds the token's rotated {self._name('key')}"
@@ -173,7 +211,7 @@ class KVCacheCall:
 
     def _stray(self, role: str, slot: int, cache, expected) -> str:
         say = f"{self._name(role)} {self._where(slot)}, which no token's slot_mapping names, was written"
-        if slot == cache.shape[0] - 1:
+        if slot == cache.shape[0] - 1 and self.padding_slot < 0:
             say += " (the cache's last slot: a slot of -1 used as an index?)"
         for i in range(expected.shape[0]):
             if torch.equal(cache[slot], expected[i]):

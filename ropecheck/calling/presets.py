@@ -24,14 +24,15 @@ Adding a preset is one record here (and, for a new tensor format or role, a reco
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ropecheck.calling.roles import role
 from ropecheck.properties.core.quantization import FORMATS
-from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS
+from ropecheck.properties.inputs.cases import INTERFACE_LAYOUTS, MEMORY_LAYOUTS
+from ropecheck.properties.interfaces import draws
 from ropecheck.properties.interfaces.interface import Interface, Table
-from ropecheck.properties.interfaces.space import Factor, Space, ValueClass
+from ropecheck.properties.interfaces.space import Factor, Rule, Space, value_class
 
 REQUIRED = "<required>"  # a Param's default: none (it is passed positionally)
 TABLE_POSITIONS = 2**16 - 1  # the largest position of a table indexed by position, by default
@@ -45,24 +46,43 @@ FP8_FORMATS = tuple(FORMATS)  # the formats a quantizing preset's outputs are dr
 @dataclass(frozen=True)
 class Param:
     """One parameter of the interface: its name, the role of what ropecheck passes for it
-    (``roles.ROLES``), its default (``REQUIRED``: positional, always passed), and
-    whether it is keyword-only (``keyword``: always passed by name, as SGLang's ``*,
-    is_neox``; a kernel whose parameter is positional takes it so too)."""
+    (``roles.ROLES``), its default (``REQUIRED``: none), how its library's callers pass it,
+    and the classes of the values they pass (``factors``: ``properties.interfaces.space``
+    factors, each citing where the callers pass them).
+
+    Passing: a parameter without a default positionally, in order; ``keyword``: it is
+    keyword-only (SGLang's ``*, is_neox``; a kernel whose parameter is positional takes it
+    by name too); ``by_name``: its callers always pass it by name, even at its default; the
+    others by name when the call's value is not the default. ``optional``: a kernel written
+    to the interface may lack it (then every call keeps its default, and its other classes
+    are not reached: the run says so)."""
 
     name: str
     role: str
     default: Any = REQUIRED
     keyword: bool = False
+    by_name: bool = False
+    optional: bool = False
+    factors: tuple = ()
 
     def __post_init__(self):
         role(self.role)  # a known role (roles.ROLES), or ValueError
 
     @property
+    def required(self) -> bool:
+        return self.default is REQUIRED or self.default == REQUIRED
+
+    @property
     def positional(self) -> bool:
-        return not self.keyword and (self.default is REQUIRED or self.default == REQUIRED)
+        return self.required and not self.keyword and not self.by_name
+
+    @property
+    def always(self) -> bool:
+        """Passed in every call (positionally, or by name)."""
+        return self.required or self.by_name
 
     def shown(self) -> str:
-        if self.default is REQUIRED or self.default == REQUIRED:
+        if self.required:
             return self.name
         shown = f"{self.default:g}" if isinstance(self.default, float) else repr(self.default)
         return f"{self.name}={shown}"
@@ -81,7 +101,12 @@ class Preset:
     of --layout; ``scalings``: the --scaling kinds it can be given (None: any the table
     takes); ``max_position``: the largest position of its table by default; ``cache``: the
     KV cache it writes each token's rotated k and its v into ("paged" or "slots",
-    ``kv_cache``; "" none)."""
+    ``kv_cache``; "" none), with its library's conventions: ``padding_slot`` (the slot a
+    padding token carries: -1, not cached, or a slot the pool reserves for padding) and
+    ``key_cached`` ("key": the rotated k is written into key and cached; "cache": it goes
+    into the cache, and key is left as given or rotated in place, as the library's versions
+    differ). ``rules``: which classes of its parameters' values go together; its
+    ``interface.space`` is made of its parameters' factors and these rules."""
 
     name: str
     library: str
@@ -98,7 +123,15 @@ class Preset:
     max_position: Optional[int] = None
     partial: bool = True  # takes a rotary dimension below the head size (features past it untouched)
     cache: str = ""
+    padding_slot: int = -1
+    key_cached: str = "key"
+    rules: tuple = ()
+    in_place_when: tuple = ()  # (factor, class): a call in this class writes its result into x
     description: str = ""
+
+    def __post_init__(self):
+        space = Space(tuple(f for p in self.params for f in p.factors), self.rules)
+        object.__setattr__(self, "interface", replace(self.interface, space=space))
 
     @property
     def table(self) -> Optional[Table]:
@@ -107,6 +140,15 @@ class Preset:
     @property
     def inplace(self) -> bool:
         return self.returns == "inplace"
+
+    @property
+    def space(self) -> Space:
+        return self.interface.space
+
+    def writes_x(self, choices) -> bool:
+        """Whether a call with ``choices`` (a case's classes) writes its result into x (an
+        ``inplace=True`` call)."""
+        return any(pair in tuple(choices) for pair in self.in_place_when)
 
     def capabilities(self, call: Optional[str] = None) -> dict:
         """The Target fields the interface decides, for a call in ``call`` (default its
@@ -153,8 +195,8 @@ class Preset:
             return None
         try:
             # a role always at its default is never passed: a kernel need not have the parameter
-            # (transformers' apply_rotary_pos_emb has no position_ids since PR #43255)
-            passed = {p.name: None for p in self.keywords() if not role(p.role).default_only}
+            # (transformers' apply_rotary_pos_emb has no position_ids since PR #43255); nor an optional one
+            passed = {p.name: None for p in self.keywords() if not role(p.role).default_only and not p.optional}
             signature.bind(*[None] * len(self.positional()), **passed)
         except TypeError as exc:
             name = getattr(fn, "__name__", "target")
@@ -164,19 +206,165 @@ class Preset:
             )
         return None
 
+    def optional_taken(self, fn) -> tuple:
+        """The optional parameters ``fn``'s signature has (all of them where it cannot be read)."""
+        optional = tuple(p.name for p in self.params if p.optional)
+        try:
+            parameters = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return optional
+        if any(q.kind == inspect.Parameter.VAR_KEYWORD for q in parameters.values()):
+            return optional
+        return tuple(name for name in optional if name in parameters)
+
 
 def _words(**words) -> dict:
     return words
 
 
-def _choice(factor: str, *classes: str) -> Space:
-    """An argument space of one factor: each call takes one of ``classes``."""
-    return Space((Factor(factor, tuple(ValueClass(c) for c in classes)),))
+def _by_name(params: tuple) -> tuple:
+    """``params``, each passed by name in every call (its callers pass every argument so)."""
+    return tuple(replace(p, by_name=True) for p in params)
 
 
-# a fused cache-write call: with padding tokens (slot -1) before and after the batch, or none
-KV_VARIANTS = ("unpadded", "padded")
-_TOKENS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
+# --- the classes of values real callers pass, with where they pass them -------------------
+
+VLLM = "vllm-project/vllm"
+FLASHINFER = "flashinfer-ai/flashinfer"
+SGLANG = "sgl-project/sglang"
+FLASH_ATTN = "Dao-AILab/flash-attention"
+TE = "NVIDIA/TransformerEngine"
+MEGATRON = "NVIDIA/Megatron-LM"
+HF = "huggingface/transformers"
+
+_SERVING_TOKENS = (
+    "the engines flatten a scheduled batch into tokens: decode (a token per request at its own position), "
+    "prefill, chunked prefill mixed with decode"
+)
+_QKV_SPLIT = f"{VLLM}: vllm/model_executor/models/llama.py (q, k, v = qkv.split(...): strided views of one buffer)"
+_MLA = f"{VLLM}: vllm/model_executor/models/deepseek_v2.py (q_pe a slice of wider heads, k_pe of the latent row)"
+
+
+def _serving_qk(source_tokens: str, key_optional: bool) -> tuple:
+    """The factors of a serving engine's token tensors: their tokens, q's layout, the key and
+    k's storage (and their rules)."""
+    key_layout, rules = draws.key_layouts(TOKEN_LAYOUTS, f"{_QKV_SPLIT}; {_MLA}", key_optional)
+    query = draws.layouts("query layout", TOKEN_LAYOUTS, f"{_QKV_SPLIT}; {_MLA}")
+    key = draws.keys(
+        f"{VLLM}: vllm/model_executor/layers/rotary_embedding/base.py forward_static ('key may be None in some "
+        "cases, e.g. cross-layer KV sharing'); GQA and MQA models"
+        if key_optional
+        else "GQA and MQA models (the kernel requires a key)",
+        key_optional,
+    )
+    return draws.tokens(source_tokens), query, key, key_layout, rules
+
+
+_VLLM_TOKENS, _VLLM_QUERY, _VLLM_KEY, _VLLM_KEY_LAYOUT, _VLLM_RULES = _serving_qk(
+    f"{VLLM}: vllm/model_executor/layers/rotary_embedding/base.py forward_cuda ({_SERVING_TOKENS})", True
+)
+_FI_TOKENS, _FI_QUERY, _FI_KEY, _FI_KEY_LAYOUT, _FI_RULES = _serving_qk(
+    f"{SGLANG}: python/sglang/srt/layers/rotary_embedding.py forward_cuda ({_SERVING_TOKENS})", False
+)
+_FLAT = draws.choice(
+    "query shape",
+    (("(T, H*D)", "query and key (T, heads * head_dim)"), ("(T, H, D)", "query and key (T, heads, head_dim)")),
+    f"{_QKV_SPLIT}; {VLLM}: vllm/model_executor/models/gemma3.py (q.view(-1, num_heads, head_dim): 3-D)",
+)
+_INT64 = draws.choice(
+    "positions dtype", ("int64",), f"{VLLM}: csrc/pos_encoding_kernels.cu rotary_embedding (int64_t positions)"
+)
+_FI_INDEX = draws.choice(
+    "positions dtype",
+    ("int64", "int32"),
+    f"{FLASHINFER}: csrc/rope.cu (DISPATCH_DLPACK_IDTYPE_TO_CTYPE: int32 and int64 indices)",
+)
+_PADDING = ("none", ("padded batch", "padding tokens before and after the batch (a CUDA-graph batch)"))
+
+_TOKENS_WORDS = _words(positions="positions", query="query", key="key", head_size="head_size", layout="is_neox")
+
+# --- the x interfaces: a batch (b, s, h, d) in the layouts models produce, or packed sequences
+_MODEL_LAYOUTS = (
+    "the layouts models hand RoPE (transposed bhsd storage, fused qkv slices, strided heads, sbhd, padding)"
+)
+_X_LAYOUT = draws.layouts("x layout", MEMORY_LAYOUTS, _MODEL_LAYOUTS)
+_OFFSET_TOKENS = draws.tokens(
+    f"{FLASH_ATTN}: flash_attn/modules/mha.py (prefill, and decode one token per sequence at its cache length); "
+    f"{TE}: transformer_engine/pytorch/attention/multi_head_attention.py",
+    scattered=False,
+)
+_CU_SEQLENS_FLASH = Factor(
+    "cu_seqlens",
+    (
+        value_class("None", "x (b, s, h, d)", call="x"),
+        value_class("given", "x (total, h, d), with cu_seqlens and max_seqlen", call="packed"),
+    ),
+    f"{FLASH_ATTN}: flash_attn/layers/rotary.py apply_rotary_emb (cu_seqlens: varlen, max_seqlen required with it)",
+)
+_SEQLEN_OFFSETS = Factor(
+    "seqlen_offsets",
+    (
+        value_class("0", "not passed: every sequence from 0", positions="zero"),
+        value_class("int", "one int > 0 for every sequence", positions="shared"),
+        value_class("int32 tensor", "a (batch,) int32 tensor: each sequence's own offset", positions="distinct"),
+        value_class("int64 tensor", "a (batch,) int64 tensor: each sequence's own offset", positions="distinct"),
+    ),
+    f"{FLASH_ATTN}: flash_attn/ops/triton/rotary.py apply_rotary (an int, or a (batch,) int32 or int64 tensor, "
+    "with or without cu_seqlens); flash_attn/utils/generation.py (lengths_per_sample: int32)",
+)
+_TE_FORMAT = Factor(
+    "tensor_format",
+    (
+        value_class("sbhd", "t (s, b, h, d)", call="x"),
+        value_class("bshd", "t (b, s, h, d)", call="x"),
+        value_class("thd", "t (total, h, d), with cu_seqlens", call="packed"),
+    ),
+    f"{TE}: transformer_engine/pytorch/attention/rope.py apply_rotary_pos_emb (sbhd, bshd, thd with cu_seqlens)",
+)
+_START_POSITIONS = Factor(
+    "start_positions",
+    (
+        value_class("None", "every sequence from 0", positions="zero"),
+        value_class("(b,) int32", "an int32 tensor: each sequence's first position", positions="distinct"),
+        value_class(
+            "longer buffer", "an int32 buffer longer than the batch: its first b entries", positions="distinct"
+        ),
+    ),
+    f"{TE}: transformer_engine/pytorch/attention/inference.py (get_seqlens_pre_step: an int32 buffer of "
+    "max_batch_size entries, longer than the batch)",
+)
+_MEGATRON_TOKENS = draws.tokens(
+    f"{MEGATRON}: megatron/core/models/common/embeddings/rotary_pos_embedding.py (freqs per token: any positions, "
+    "multimodal callers' included)"
+)
+_CU_SEQLENS_MEGATRON = Factor(
+    "cu_seqlens",
+    (
+        value_class("None", "t (s, b, h, d)", call="x"),
+        value_class("given", "t (total, h, d), freqs one row per packed token", call="packed"),
+    ),
+    f"{MEGATRON}: megatron/core/models/common/embeddings/rope_utils.py apply_rotary_pos_emb (sbhd, or thd with "
+    "cu_seqlens)",
+)
+
+# --- transformers: q and k (b, h, s, d), cos and sin per token
+_HF_SOURCE = f"{HF}: src/transformers/models/llama/modeling_llama.py (LlamaAttention.forward, LlamaRotaryEmbedding)"
+_HF_TOKENS = draws.tokens(f"{_HF_SOURCE}: prefill, and decode with one token per row; position_ids per row")
+_HF_LAYOUT = draws.layouts("q layout", MEMORY_LAYOUTS, f"{_HF_SOURCE}: q (b, s, h, d) projections viewed transposed")
+_HF_KEY = draws.keys(f"{_HF_SOURCE}: num_key_value_heads (GQA, MQA, MHA)", optional=False)
+_HF_KEY_LAYOUT, _HF_KEY_RULES = draws.key_layouts(
+    MEMORY_LAYOUTS, f"{_HF_SOURCE}: k_proj's own tensor; fused qkv projections (phi3, gpt_neox) split", False
+)
+_HF_COS = Factor(
+    "cos rows",
+    (
+        value_class("(b, s, D)", "a row of cos and sin per batch row"),
+        value_class("(1, s, D)", "one row shared by the batch, whose rows share positions", rows="same"),
+    ),
+    f"{_HF_SOURCE}: cos has position_ids.shape[0] rows; models pass position_ids = cache_position.unsqueeze(0)",
+)
+# one row of cos and sin for the batch: a batch of rows (with a single row the two classes are one)
+_HF_RULES = (*_HF_KEY_RULES, Rule("cos rows", ("(1, s, D)",), "tokens", ("decode", "batch"), "a batch of rows"))
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
@@ -185,9 +373,9 @@ PRESETS: dict[str, Preset] = {
             "vllm",
             "vLLM's ops.rotary_embedding (csrc/pos_encoding_kernels.cu; SGLang's sgl_kernel.rotary_embedding)",
             (
-                Param("positions", "positions"),
-                Param("query", "query"),
-                Param("key", "key"),
+                Param("positions", "positions", factors=(_VLLM_TOKENS, _INT64)),
+                Param("query", "query", factors=(_FLAT, _VLLM_QUERY)),
+                Param("key", "key", factors=(_VLLM_KEY, _VLLM_KEY_LAYOUT)),
                 Param("head_size", "head_size"),
                 Param("cos_sin_cache", "cache"),
                 Param("is_neox", "layout"),
@@ -195,17 +383,10 @@ PRESETS: dict[str, Preset] = {
             "inplace",
             ("qk",),
             "tokens",
-            Interface(
-                "vllm",
-                Table("cos-sin", "cos_sin_cache"),
-                TOKEN_LAYOUTS,
-                _choice("query", "flat", "heads"),
-                own_k_layout=True,
-                tokens=True,
-                words=_TOKENS,
-            ),
+            Interface("vllm", Table("cos-sin", "cos_sin_cache"), tokens=True, words=_TOKENS_WORDS),
             k="optional",
             max_position=TABLE_POSITIONS,
+            rules=_VLLM_RULES,
             description="positions int64 (T,); query (T, Hq*D) or (T, Hq, D), strided views included; key "
             "likewise or None; cos_sin_cache (P, rotary_dim) in query's dtype, rows cat(cos, sin) indexed by "
             "position; rotated in place, features past rotary_dim untouched",
@@ -213,13 +394,15 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "flashinfer-cos-sin-cache",
             "FlashInfer's apply_rope_with_cos_sin_cache_inplace (SGLang's sgl_kernel has it too)",
-            (
-                Param("positions", "positions"),
-                Param("query", "query"),
-                Param("key", "key"),
-                Param("head_size", "head_size"),
-                Param("cos_sin_cache", "cache"),
-                Param("is_neox", "layout", True),
+            _by_name(
+                (
+                    Param("positions", "positions", factors=(_FI_TOKENS, _FI_INDEX)),
+                    Param("query", "query", factors=(_FLAT, _FI_QUERY)),
+                    Param("key", "key", factors=(_FI_KEY, _FI_KEY_LAYOUT)),
+                    Param("head_size", "head_size"),
+                    Param("cos_sin_cache", "cache"),
+                    Param("is_neox", "layout", True),
+                )
             ),
             "inplace",
             ("qk",),
@@ -227,28 +410,40 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-cos-sin-cache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                TOKEN_LAYOUTS,
-                _choice("query", "flat", "heads"),
-                own_k_layout=True,
                 tokens=True,
-                words=_TOKENS,
+                words=_TOKENS_WORDS,
             ),
             max_position=TABLE_POSITIONS,
-            description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required",
+            rules=_FI_RULES,
+            description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required; every "
+            "argument passed by name, is_neox included (SGLang's calls: python/sglang/srt/layers/"
+            "rotary_embedding.py forward_cuda)",
         ),
         Preset(
             "vllm-kvcache",
             "vLLM's fused rope + reshape_and_cache_flash (rotary embedding and the paged KV cache write in one kernel)",
             (
-                Param("query", "query"),
-                Param("key", "key"),
+                Param("query", "query", factors=(_FI_QUERY,)),
+                Param("key", "key", factors=(_FI_KEY, _FI_KEY_LAYOUT)),
                 Param("value", "value"),
-                Param("positions", "positions"),
+                Param("positions", "positions", factors=(_VLLM_TOKENS, _INT64)),
                 Param("cos_sin_cache", "cache"),
                 Param("is_neox", "layout"),
                 Param("key_cache", "key_cache"),
                 Param("value_cache", "value_cache"),
-                Param("slot_mapping", "slot_mapping"),
+                Param(
+                    "slot_mapping",
+                    "slot_mapping",
+                    factors=(
+                        draws.choice(
+                            "padding",
+                            _PADDING,
+                            f"{VLLM}: csrc/cache_kernels.cu reshape_and_cache_flash ('slot_idx can be -1 if the "
+                            "token is padded': skipped); vllm/v1/worker/block_table.py (a CUDA-graph batch's "
+                            "padding gets PAD_SLOT_ID = -1)",
+                        ),
+                    ),
+                ),
                 Param("k_scale", "k_scale"),
                 Param("v_scale", "v_scale"),
                 Param("kv_cache_dtype", "kv_cache_dtype"),
@@ -256,35 +451,55 @@ PRESETS: dict[str, Preset] = {
             "inplace",
             ("qk",),
             "tokens-heads",
-            Interface(
-                "vllm-kvcache",
-                Table("cos-sin", "cos_sin_cache"),
-                TOKEN_LAYOUTS,
-                _choice("padding", *KV_VARIANTS),
-                own_k_layout=True,
-                tokens=True,
-                words=_TOKENS,
-            ),
+            Interface("vllm-kvcache", Table("cos-sin", "cos_sin_cache"), tokens=True, words=_TOKENS_WORDS),
             max_position=TABLE_POSITIONS,
             cache="paged",
+            padding_slot=-1,
+            key_cached="key",
+            rules=_FI_RULES,
             description="query (T, Hq, D), key, value (T, Hk, D), strided views included; "
             "positions int64 (T,); cos_sin_cache (P, rotary_dim) in query's dtype; key_cache, value_cache "
             "(num_blocks, block_size, Hk, D) in key's dtype (kv_cache_dtype 'auto', k_scale = v_scale = 1.0 float32 "
             "tensors); slot_mapping int64 (T,), slot s at block s // block_size, offset s % block_size, -1 for a "
-            "token not cached; q and k rotated in place",
+            "padding token (not cached); q and k rotated in place",
         ),
         Preset(
             "sglang-kvcache",
             "SGLang's apply_rope_inplace_with_kvcache (rope and the KV cache write in one kernel)",
             (
-                Param("q", "query"),
-                Param("k", "key"),
+                Param("q", "query", factors=(_FI_QUERY,)),
+                Param("k", "key", factors=(_FI_KEY, _FI_KEY_LAYOUT)),
                 Param("v", "value"),
                 Param("k_cache", "key_cache"),
                 Param("v_cache", "value_cache"),
                 Param("cos_sin_cache", "cache"),
-                Param("positions", "positions"),
-                Param("out_loc", "slot_mapping"),
+                Param(
+                    "positions",
+                    "positions",
+                    factors=(
+                        _FI_TOKENS,
+                        draws.choice(
+                            "positions dtype",
+                            ("int64", "int32"),
+                            f"{SGLANG}: python/sglang/jit_kernel/rope.py apply_rope_inplace_with_kvcache "
+                            "(positions and out_loc int32 or int64, one dtype for both)",
+                        ),
+                    ),
+                ),
+                Param(
+                    "out_loc",
+                    "slot_mapping",
+                    factors=(
+                        draws.choice(
+                            "padding",
+                            _PADDING,
+                            f"{SGLANG}: python/sglang/srt/model_executor/cuda_graph_runner.py (a padded batch's "
+                            "out_cache_loc and positions are zeroed: padding tokens write slot 0); "
+                            "python/sglang/srt/mem_cache/memory_pool.py ('The padded slot 0 is used for writing "
+                            "dummy outputs from padded tokens.')",
+                        ),
+                    ),
+                ),
                 Param("is_neox", "layout", keyword=True),
             ),
             "inplace",
@@ -293,32 +508,48 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "sglang-kvcache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                TOKEN_LAYOUTS,
-                _choice("padding", *KV_VARIANTS),
-                own_k_layout=True,
                 tokens=True,
                 words=_words(positions="positions", query="q", key="k", layout="is_neox"),
             ),
             max_position=TABLE_POSITIONS,
             cache="slots",
-            description="q (T, Hq, D), k, v (T, Hk, D), strided views included; k_cache, v_cache (slots, Hk, D) in "
-            "k's dtype; cos_sin_cache (P, rotary_dim) float32; positions int64 (T,); out_loc int64 (T,) the slot per "
-            "token, -1 for a token not cached; is_neox keyword-only; q and k rotated in place",
+            padding_slot=0,
+            key_cached="cache",
+            rules=_FI_RULES,
+            description="q (T, Hq, D), k, v (T, Hk, D), strided views included; k_cache, v_cache (slots, Hk * D) in "
+            "k's dtype, slot 0 reserved for padding tokens; cos_sin_cache (P, rotary_dim) float32; positions and "
+            "out_loc int32 or int64 (T,), out_loc the slot per token, 0 for a padding token; is_neox keyword-only; "
+            "q rotated in place, the rotated k stored in k_cache (k itself rotated in place by earlier versions, "
+            "left as given since: both accepted)",
         ),
         Preset(
             "flashinfer-rope-fp8",
             "FlashInfer's rope_quantize_fp8 (RoPE, then fp8 quantization with per-tensor scales)",
-            (
-                Param("q_rope", "q_rope"),
-                Param("k_rope", "k_rope"),
-                Param("q_nope", "q_nope"),
-                Param("k_nope", "k_nope"),
-                Param("cos_sin_cache", "cache"),
-                Param("pos_ids", "positions"),
-                Param("is_neox", "layout", True),
-                Param("quantize_dtype", "quantize_dtype", None),
-                Param("quant_scale_q", "quant_scale_q", 1.0),
-                Param("quant_scale_kv", "quant_scale_kv", 1.0),
+            _by_name(
+                (
+                    Param("q_rope", "q_rope", factors=(_FI_QUERY,)),
+                    Param("k_rope", "k_rope", factors=(_FI_KEY, _FI_KEY_LAYOUT)),
+                    Param("q_nope", "q_nope"),
+                    Param("k_nope", "k_nope"),
+                    Param("cos_sin_cache", "cache"),
+                    Param("pos_ids", "positions", factors=(_FI_TOKENS, _FI_INDEX)),
+                    Param("is_neox", "layout", True),
+                    Param(
+                        "quantize_dtype",
+                        "quantize_dtype",
+                        None,
+                        factors=(
+                            draws.choice(
+                                "quantize_dtype",
+                                FP8_FORMATS,
+                                f"{FLASHINFER}: flashinfer/rope.py rope_quantize_fp8 ('Output dtype must be "
+                                "float8_e4m3fn or float8_e5m2')",
+                            ),
+                        ),
+                    ),
+                    Param("quant_scale_q", "quant_scale_q", 1.0),
+                    Param("quant_scale_kv", "quant_scale_kv", 1.0),
+                )
             ),
             "quantized",
             ("qk",),
@@ -326,27 +557,26 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-rope-fp8",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                TOKEN_LAYOUTS,
-                _choice("quantize_dtype", *FP8_FORMATS),
-                own_k_layout=True,
                 tokens=True,
                 quantized=FP8_FORMATS,
                 words=_words(positions="pos_ids", query="q_rope", key="k_rope", layout="is_neox"),
             ),
             max_position=TABLE_POSITIONS,
+            rules=_FI_RULES,
             description="q_rope (nnz, Hq, rotary_dim), k_rope (nnz, Hk, rotary_dim), q_nope and k_nope the "
             "features past rotary_dim (nnz, H, D - rotary_dim), strided views of q and k; cos_sin_cache float32 "
-            "(P, rotary_dim), rows cat(cos, sin); quantize_dtype float8_e4m3fn or float8_e5m2 (each input draws "
-            "one), quant_scale_q and quant_scale_kv per-tensor scales (never 1); returns the four fp8 tensors "
-            "saturate(v * scale)",
+            "(P, rotary_dim), rows cat(cos, sin); pos_ids int32 or int64; quantize_dtype float8_e4m3fn or "
+            "float8_e5m2 (each input draws one), quant_scale_q and quant_scale_kv per-tensor scales (never 1); "
+            "every argument passed by name (SGLang's mla_quantize_and_rope_for_fp8); returns the four fp8 "
+            "tensors saturate(v * scale)",
         ),
         Preset(
             "flashinfer-pos-ids",
             "FlashInfer's apply_rope_pos_ids (cos/sin computed in the kernel)",
             (
-                Param("q", "query"),
-                Param("k", "key"),
-                Param("pos_ids", "positions"),
+                Param("q", "query", factors=(_FI_QUERY,)),
+                Param("k", "key", factors=(_FI_KEY, _FI_KEY_LAYOUT)),
+                Param("pos_ids", "positions", factors=(_FI_TOKENS, _FI_INDEX)),
                 Param("rotary_dim", "rotary_dim", None),
                 Param("interleave", "layout", False),
                 Param("rope_scale", "scale", 1),
@@ -358,14 +588,12 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-pos-ids",
                 None,
-                TOKEN_LAYOUTS,
-                _choice("pos_ids", "int64", "int32"),
-                own_k_layout=True,
                 tokens=True,
                 words=_words(positions="pos_ids", query="q", key="k", layout="interleave", rotary_dim="rotary_dim"),
             ),
             layouts={"half": False, "interleaved": True},
             scalings=("default", "linear"),
+            rules=_FI_RULES,
             description="q (nnz, Hq, D), k (nnz, Hk, D), pos_ids int32 or int64 (nnz,); rope_theta = --base, "
             "rope_scale = the linear --scaling factor; returns new tensors",
         ),
@@ -373,13 +601,30 @@ PRESETS: dict[str, Preset] = {
             "flash-attn",
             "flash-attn's apply_rotary_emb (flash_attn/layers/rotary.py, Triton)",
             (
-                Param("x", "x"),
+                Param("x", "x", factors=(_OFFSET_TOKENS, _X_LAYOUT)),
                 Param("cos", "cos"),
                 Param("sin", "sin"),
                 Param("interleaved", "layout", False),
-                Param("inplace", "inplace", False),
-                Param("seqlen_offsets", "seqlen_offsets", 0),
-                Param("cu_seqlens", "cu_seqlens", None),
+                Param(
+                    "inplace",
+                    "inplace",
+                    False,
+                    factors=(
+                        draws.choice(
+                            "inplace",
+                            (("False", "a new tensor returned"), ("True", "x written and returned")),
+                            f"{FLASH_ATTN}: flash_attn/layers/rotary.py (apply_rotary_emb_qkv_, "
+                            "RotaryEmbedding.forward with a kv cache: inplace=True)",
+                        ),
+                    ),
+                ),
+                Param(
+                    "seqlen_offsets",
+                    "seqlen_offsets",
+                    0,
+                    factors=(_SEQLEN_OFFSETS,),
+                ),
+                Param("cu_seqlens", "cu_seqlens", None, factors=(_CU_SEQLENS_FLASH,)),
                 Param("max_seqlen", "max_seqlen", None),
             ),
             "x",
@@ -394,16 +639,18 @@ PRESETS: dict[str, Preset] = {
             offsets=True,
             layouts={"half": False, "interleaved": True},
             max_position=TABLE_POSITIONS,
-            description="x (b, s, h, d), or (total, h, d) with cu_seqlens (--call packed); cos, sin (P, r/2) in x's "
-            "dtype, row = position; seqlen_offsets an int or an int32 (b,) tensor",
+            rules=draws.packed_rules("cu_seqlens", ("given",), "x layout", "tokens"),
+            in_place_when=(("inplace", "True"),),
+            description="x (b, s, h, d), or (total, h, d) with cu_seqlens and max_seqlen; cos, sin (P, r/2) in x's "
+            "dtype, row = position; seqlen_offsets an int or an int32 or int64 (b,) tensor; inplace writes x",
         ),
         Preset(
             "hf",
             "transformers' apply_rotary_pos_emb (liger-kernel's liger_rotary_pos_emb and unsloth take the same)",
             (
-                Param("q", "query"),
-                Param("k", "key"),
-                Param("cos", "cos"),
+                Param("q", "query", factors=(_HF_TOKENS, _HF_LAYOUT)),
+                Param("k", "key", factors=(_HF_KEY, _HF_KEY_LAYOUT)),
+                Param("cos", "cos", factors=(_HF_COS,)),
                 Param("sin", "sin"),
                 Param("position_ids", "none", None),
                 Param("unsqueeze_dim", "unsqueeze_dim", 1),
@@ -419,18 +666,39 @@ PRESETS: dict[str, Preset] = {
             backward=True,
             layouts={"half": None, "interleaved": None},
             partial=False,
-            description="q (b, Hq, s, D), k (b, Hk, s, D); cos, sin (b, s, r) in q's dtype, each frequency twice "
-            "(cat(f, f) for half, repeat_interleave(f, 2) for interleaved); returns new tensors",
+            rules=_HF_RULES,
+            description="q (b, Hq, s, D), k (b, Hk, s, D); cos, sin (b, s, r) per row, or (1, s, r) for a batch "
+            "whose rows share positions, in q's dtype, each frequency twice (cat(f, f) for half, "
+            "repeat_interleave(f, 2) for interleaved); returns new tensors",
         ),
         Preset(
             "te",
             "TransformerEngine's apply_rotary_pos_emb (Megatron-Core takes the same freqs)",
             (
-                Param("t", "x"),
+                Param("t", "x", factors=(_OFFSET_TOKENS, _X_LAYOUT)),
                 Param("freqs", "freqs"),
-                Param("tensor_format", "tensor_format", "sbhd"),
-                Param("start_positions", "start_positions", None),
+                Param("tensor_format", "tensor_format", "sbhd", factors=(_TE_FORMAT,)),
+                Param(
+                    "start_positions",
+                    "start_positions",
+                    None,
+                    factors=(_START_POSITIONS,),
+                ),
                 Param("interleaved", "layout", False),
+                Param(
+                    "fused",
+                    "fused",
+                    False,
+                    optional=True,
+                    factors=(
+                        draws.choice(
+                            "fused",
+                            (("False", "the unfused path"), ("True", "the fused kernel")),
+                            f"{TE}: transformer_engine/pytorch/attention/multi_head_attention.py "
+                            "(apply_rotary_pos_emb(..., fused=True))",
+                        ),
+                    ),
+                ),
                 Param("cu_seqlens", "cu_seqlens", None),
                 Param("cp_size", "cp_size", 1),
                 Param("cp_rank", "cp_rank", 0),
@@ -441,25 +709,25 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "te",
                 Table("angles", "freqs", dtype="float32", width="full"),
-                space=_choice("tensor_format", "sbhd", "bshd"),
                 words=_words(positions="start_positions", query="t", layout="interleaved"),
             ),
             backward=True,
             offsets=True,
             layouts={"half": False, "interleaved": True},
             max_position=TABLE_POSITIONS,
-            description="t (s, b, h, d) sbhd, (b, s, h, d) bshd, or (total, h, d) thd with cu_seqlens (--call "
-            "packed); freqs (P, 1, 1, r) float32 angles, each frequency twice; start_positions an int32 (b,) "
-            "tensor",
+            rules=draws.packed_rules("tensor_format", ("thd",), "x layout", "tokens"),
+            description="t (s, b, h, d) sbhd, (b, s, h, d) bshd, or (total, h, d) thd with cu_seqlens; freqs "
+            "(P, 1, 1, r) float32 angles, each frequency twice; start_positions an int32 (b,) tensor, or a longer "
+            "buffer; fused (where the kernel has it) False or True",
         ),
         Preset(
             "megatron",
             "Megatron-Core's apply_rotary_pos_emb (megatron/core/models/common/embeddings/rope_utils.py)",
             (
-                Param("t", "x"),
+                Param("t", "x", factors=(_MEGATRON_TOKENS, _X_LAYOUT)),
                 Param("freqs", "freqs"),
-                Param("config", "config"),
-                Param("cu_seqlens", "cu_seqlens", None),
+                Param("config", "config", by_name=True),
+                Param("cu_seqlens", "cu_seqlens", None, factors=(_CU_SEQLENS_MEGATRON,)),
                 Param("mscale", "mscale", 1.0),
                 Param("cp_group", "cp_group", None),
             ),
@@ -469,19 +737,31 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "megatron",
                 Table("angles", "freqs", dtype="float32", by="token", width="full"),
-                space=_choice("tensor_format", "sbhd"),
                 words=_words(positions="freqs", query="t", layout="config.rotary_interleaved"),
             ),
             backward=True,
             layouts={"half": False, "interleaved": True},
+            rules=draws.packed_rules("cu_seqlens", ("given",), "x layout", "tokens"),
             description="t (s, b, h, d) sbhd, or (total, h, d) thd with cu_seqlens (--call packed); freqs float32 "
             "angles per token, each frequency twice: (s, b, 1, r) sbhd (as its multimodal callers pass them), "
-            "(total, 1, 1, r) thd (one row per packed token); config with rotary_interleaved = --layout "
-            "interleaved and apply_rope_fusion off; mscale the scaling's attention factor; cp_group one rank "
-            "(--cp-size N: N ranks)",
+            "(total, 1, 1, r) thd (one row per packed token); config (by name, as Megatron's attention passes it) "
+            "with rotary_interleaved = --layout interleaved and apply_rope_fusion off; mscale the scaling's "
+            "attention factor; cp_group one rank (--cp-size N: N ranks)",
         ),
     )
 }
+
+
+def classes_table() -> str:
+    """Every preset's argument classes as a markdown table (docs/presets.md holds it; the
+    test of the docs makes it again): a row per factor, with where its callers pass them."""
+    rows = ["| `--api` | parameter: factor | the classes its library's callers pass | where |", "|---|---|---|---|"]
+    for preset in PRESETS.values():
+        for param in preset.params:
+            for factor in param.factors:
+                classes = ", ".join(f"`{c.name}`" for c in factor.classes if c.name != "n/a")
+                rows.append(f"| `{preset.name}` | {param.name}: {factor.name} | {classes} | {factor.source} |")
+    return "\n".join(rows) + "\n"
 
 
 def preset(name: str) -> Preset:

@@ -62,16 +62,55 @@ class RankGroup:
 
 
 def _seqlen_offsets(call):
+    """Each sequence's first position as its ``seqlen_offsets`` class asks (an int where the
+    sequences share one, else a tensor; int32 unless int64 is asked for)."""
     offsets = call.sequence_offsets()
-    shared = offsets.numel() > 0 and bool((offsets == offsets[0]).all())
-    return int(offsets[0]) if shared or offsets.numel() == 0 else offsets.to(torch.int32)
+    shared = offsets.numel() == 0 or bool((offsets == offsets[0]).all())
+    wanted = call.choice("seqlen_offsets")
+    if shared and wanted in ("", "0", "int"):
+        value = int(offsets[0]) if offsets.numel() else 0
+        call.passed["seqlen_offsets"] = "int" if value else "0"
+        return value
+    dtype = torch.int64 if wanted == "int64 tensor" else torch.int32
+    call.passed["seqlen_offsets"] = "int64 tensor" if dtype == torch.int64 else "int32 tensor"
+    return offsets.to(dtype)
+
+
+# entries a "longer buffer" of start positions has past the batch (TransformerEngine's inference
+# buffer holds max_batch_size of them, zeros past the live requests)
+BUFFER_EXTRA = 3
 
 
 def _start_positions(call):
+    """Each sequence's first position, an int32 tensor (None where all are 0, as its
+    ``start_positions`` class says); a ``longer buffer``: the same, then zeros."""
     if call.cp > 1:  # TransformerEngine's callers give offsets through freqs under context parallelism
         return None
     offsets = call.sequence_offsets()
-    return None if not bool(offsets.any()) else offsets.to(torch.int32)
+    wanted = call.choice("start_positions")
+    if not bool(offsets.any()) and wanted in ("", "None"):
+        call.passed["start_positions"] = "None"
+        return None
+    out = offsets.to(torch.int32)
+    if wanted == "longer buffer":
+        out = torch.cat((out, out.new_zeros(BUFFER_EXTRA)))
+    call.passed["start_positions"] = "longer buffer" if wanted == "longer buffer" else "(b,) int32"
+    return out
+
+
+def _cos_sin(call, which: int):
+    """cos or sin (a table by position, or per token: one row per batch row, or one row for a
+    batch whose rows share positions, as its ``cos rows`` class asks)."""
+    table = call.cos_sin()[which]
+    if call.table.by != "token" or call.packed:
+        return table
+    p = call.positions
+    shared = p.shape[0] > 1 and bool((p == p[:1]).all())
+    if call.choice("cos rows") == "(1, s, D)" and shared:
+        call.passed["cos rows"] = "(1, s, D)"
+        return table[:1]
+    call.passed["cos rows"] = "(b, s, D)"
+    return table
 
 
 def _scale(call):
@@ -90,8 +129,8 @@ ROLES: dict[str, Role] = {
         Role("positions", "the tokens' positions, flattened (T,)", lambda call: call.token_positions()),
         Role("head_size", "head_dim, an int", lambda call: call.head_dim),
         Role("cache", "the cos_sin_cache indexed by position", lambda call: call.row_table("cache")),
-        Role("cos", "the cos table", lambda call: call.cos_sin()[0]),
-        Role("sin", "the sin table", lambda call: call.cos_sin()[1]),
+        Role("cos", "the cos table", lambda call: _cos_sin(call, 0)),
+        Role("sin", "the sin table", lambda call: _cos_sin(call, 1)),
         Role("freqs", "the angle table (by position or per token)", _freqs),
         Role(
             "config",
@@ -107,9 +146,14 @@ ROLES: dict[str, Role] = {
         ),
         Role("scale", "the linear scaling factor (rope_scale)", _scale),
         Role("base", "the base (rope_theta)", lambda call: call.convention.base),
-        Role("inplace", "whether the result is written into x", lambda call: call.form.inplace),
-        Role("seqlen_offsets", "each sequence's first position: an int, or an int32 (b,) tensor", _seqlen_offsets),
-        Role("start_positions", "each sequence's first position, an int32 (b,) tensor (None: all 0)", _start_positions),
+        Role(
+            "inplace",
+            "whether the result is written into x (declared, or the call's inplace class)",
+            lambda call: call.form.inplace or call.preset.writes_x(call.form.choices),
+        ),
+        Role("fused", "the fused path (the call's fused class)", lambda call: call.choice("fused") == "True"),
+        Role("seqlen_offsets", "each sequence's first position: an int, or a (b,) tensor", _seqlen_offsets),
+        Role("start_positions", "each sequence's first position, an int32 tensor (None: all 0)", _start_positions),
         Role(
             "cu_seqlens",
             "the packed sequences' cumulative lengths, int32 (b + 1,) (None unpacked)",

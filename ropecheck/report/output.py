@@ -89,10 +89,33 @@ def results_table(session) -> Table:
         acc = (r.accuracy or {}) if r else {}
         h = acc.get("horizon", "-") if "positions" in acc else "-"
         horizons.append("none" if h is None else str(h))
-    if any(h != "-" for h in horizons):
+    coverage = session.interface_coverage()
+    if any(h != "-" for h in horizons) or coverage:
         table.add_section()
+    if any(h != "-" for h in horizons):
         table.add_row("accuracy horizon", *horizons)
+    if coverage:
+        shown = [coverage.get(column_label(dtype, mode)) for dtype, mode in columns]
+        table.add_row(
+            "interface paths", *(f"{len(c.covered)}/{len(c.space.pairs)}" if c else "[dim]-[/]" for c in shown)
+        )
     return table
+
+
+def coverage_line(session) -> str:
+    """The pairs of the interface's argument classes the run called, in one line: the
+    column that covered least (all when every column covered them all), what it missed
+    first, and the classes the run could not reach ("" without an interface)."""
+    coverage = session.interface_coverage()
+    if not coverage:
+        return ""
+    label, least = min(coverage.items(), key=lambda item: len(item[1].covered))
+    line = least.line()
+    if len(coverage) > 1:
+        complete = all(not c.missing for c in coverage.values())
+        where = "in every column" if complete else f"({label}, the column that called fewest)"
+        line = line.replace(" pairs of argument classes", f" pairs of argument classes {where}", 1)
+    return line
 
 
 def _detail(console: Console, label: str, text: str) -> None:
@@ -138,6 +161,15 @@ def support_notes(session) -> dict[str, list[str]]:
 
 
 def print_notes(console: Console, session) -> None:
+    paths = coverage_line(session)
+    if paths:
+        console.print(f"\n{escape(paths)}", soft_wrap=True, highlight=False)
+    untried: dict = {}
+    for r in session.results:  # the size switch inputs a run left out, once each
+        if r.untried:
+            untried.setdefault(r.untried, []).append(column_label(r.dtype, r.mode))
+    for said, columns in untried.items():
+        console.print(f"{escape(said)} [{', '.join(columns)}]", soft_wrap=True, highlight=False)
     compiled = run_modes.summary(session.compile_notes)
     if compiled:
         console.print(f"\n[yellow]compile[/]: {escape(compiled)}", soft_wrap=True)
@@ -194,6 +226,7 @@ def session_dict(session) -> dict:
         "compile_warnings": [{"message": m, "count": c} for m, c in session.compile_notes],
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
+        "interface_paths": {label: c.to_dict() for label, c in session.interface_coverage().items()},
         **({"baseline": session.comparison.to_dict()} if session.comparison is not None else {}),
     }
 

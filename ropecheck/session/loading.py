@@ -178,7 +178,14 @@ def _declared(obj, name: str, call: Optional[str], family: Optional[str], api: O
     if api is not None:  # a library interface: its signature, its call form
         check_interface(obj, api)
         preset = PRESETS[api]
-        return Target(name=name, fn=obj, call=call or preset.calls[0], family=family or "rope", api=api)
+        return Target(
+            name=name,
+            fn=obj,
+            call=call or preset.calls[0],
+            family=family or "rope",
+            api=api,
+            optional_params=preset.optional_taken(obj),
+        )
     form = call or (FAMILIES[family].calls[0] if family in FAMILIES else "x")
     check_signature(obj, form)
     return Target(name=name, fn=obj, call=form, family=family or "rope")
@@ -211,7 +218,8 @@ def load_here(
         return _declared(resolve(spec), target_name(spec) or "target", call, family, api)
     if api is not None and api != target.api:
         check_interface(target.fn, api)
-        return target.with_(api=api, call=call or PRESETS[api].calls[0])
+        preset = PRESETS[api]
+        return target.with_(api=api, call=call or preset.calls[0], optional_params=preset.optional_taken(target.fn))
     if call is not None and call != target.call and target.api is None:
         check_signature(target.fn, call)
         target = target.with_(call=call)

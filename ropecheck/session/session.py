@@ -269,6 +269,18 @@ class Session:
             )
         )
 
+    def interface_coverage(self) -> dict:
+        """column label -> the ``interfaces.space.Coverage`` of the pairs of argument classes
+        its calls through the target's interface had (empty without an interface)."""
+        interface = self.target.interface
+        if interface is None or not interface.space.factors:
+            return {}
+        out = {}
+        for dtype, mode in self.columns:
+            rows = [dict(path) for r in self.results if (r.dtype, r.mode) == (dtype, mode) for path in r.paths]
+            out[column_label(dtype, mode)] = interface.space.coverage(rows)
+        return out
+
     @property
     def verdict(self) -> str:
         statuses = {r.status for r in self.results}

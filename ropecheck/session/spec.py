@@ -170,10 +170,12 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
         devices.require(device)
     except ValueError as exc:
         raise UnusableTarget(str(exc)) from None
+    cp_size = options.get("cp_size") or 1
     return target.with_(
         family="rope",
         call=call,
         api=preset.name,
+        space=run_space(preset, target, options.call, cp_size),
         convention=convention,
         rotary_dim=declared.rotary_dim or target.rotary_dim,
         dtypes=declared.dtypes or target.dtypes,
@@ -182,10 +184,39 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
         inplace=preset.inplace or options.inplace or (target.inplace and target.api == preset.name),
         k_optional=preset.k == "optional",
         row_offsets=preset.offsets and call == "x",
-        cp_size=options.get("cp_size") or 1,
+        cp_size=cp_size,
         device=device,
         implies={**target.implies, **options.parameters()},
     )
+
+
+def run_space(preset, target: Target, call: Optional[str], cp_size: int):
+    """The argument space a run of ``target`` through ``preset`` draws from: the preset's,
+    cut to the call form asked for (``--call``), to what context parallelism takes, and to
+    the optional parameters the target's signature has (the classes left out are named:
+    ``Space.unreached``)."""
+    space = preset.space
+    for factor in space.factors:
+        forms = {c.settings.get("call") for c in factor.classes} - {None}
+        if call is not None and forms:
+            keep = [c.name for c in factor.classes if c.settings.get("call", call) == call]
+            space = space.restricted(factor.name, keep, f"--call {call} was asked for")
+    if cp_size > 1 and space.has("start_positions"):
+        space = space.restricted(
+            "start_positions",
+            ("None",),
+            f"--cp-size {cp_size}: under context parallelism TransformerEngine's callers give each sequence's "
+            "offset through freqs",
+        )
+    for param in preset.params:
+        if param.optional and param.name not in target.optional_params:
+            for factor in param.factors:
+                space = space.restricted(
+                    factor.name,
+                    factor.names[:1],
+                    f"the target has no {param.name} parameter: every call keeps its default",
+                )
+    return space
 
 
 def preset_refuses(preset, convention) -> str:

@@ -21,6 +21,7 @@ from ropecheck.properties.convention import Convention  # noqa: F401  (the 1-D c
 from ropecheck.properties.core.contract import TENSOR_FORMS, check_call
 from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.properties.interfaces.interface import Interface
+from ropecheck.properties.interfaces.space import Space
 
 MIN_MAX_POSITION = 255  # the smallest position range a target may declare
 
@@ -58,6 +59,11 @@ class Target:
     api: Optional[str] = None
     # context-parallel ranks its interface's calls are split across (--cp-size)
     cp_size: int = 1
+    # the optional parameters of its interface its signature has (a kernel may lack them)
+    optional_params: tuple = ()
+    # the argument space its run draws from: its interface's, restricted by the run's options
+    # and its own signature (None: the interface's whole space)
+    space: Optional[Space] = field(default=None, compare=False)
     description: str = ""
     # the family parameters it implies (an N-D adapter's sections, layout, ...), as flags name them
     implies: dict = field(default_factory=dict, compare=False)
@@ -82,8 +88,12 @@ class Target:
 
     @property
     def interface(self) -> Optional[Interface]:
-        """What the checks read of its library interface (None: called in its call form)."""
-        return PRESETS[self.api].interface if self.api else None
+        """What the checks read of its library interface (None: called in its call form),
+        with the argument space its run draws from."""
+        if not self.api:
+            return None
+        interface = PRESETS[self.api].interface
+        return interface if self.space is None else replace(interface, space=self.space)
 
     def caller(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
         """The target called under the contract (``properties.core.contract.Rope``), in its
