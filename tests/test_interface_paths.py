@@ -101,6 +101,15 @@ def test_a_class_the_run_cannot_reach_is_named():
     text = " ".join(result.output.split())
     assert "not reached: tensor_format=thd (--call x was asked for)" in text, text
     assert "fused=True (the target has no fused parameter" in text, text
+    assert "context parallel=N ranks (--cp-size N checks context parallelism)" in text, text
+
+
+def test_a_context_parallel_run_calls_every_pair_of_its_own_classes():
+    result = cli_check("tests/cp_kernels.py:te_cp_correct", "--api", "te", "--cp-size", "2", *DEFAULT)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert re.search(r"interface paths: (\d+)/\1 pairs of argument classes in every column", text), text
+    assert "context parallel=1 rank (--cp-size 2 splits every call)" in text, text
 
 
 # --- the boundary of a size switch -----------------------------------------------------

@@ -347,6 +347,22 @@ _CU_SEQLENS_MEGATRON = Factor(
     "cu_seqlens)",
 )
 
+# context parallelism: a run's own (--cp-size N splits every call across N ranks)
+_CP_CLASSES = (
+    value_class("1 rank", "no context parallelism"),
+    value_class("N ranks", "the load-balanced split over --cp-size N ranks, every rank called"),
+)
+_CONTEXT_PARALLEL_TE = Factor(
+    "context parallel",
+    _CP_CLASSES,
+    f"{TE}: transformer_engine/pytorch/attention/multi_head_attention.py (cp_size=self.cp_size, cp_rank=self.cp_rank)",
+)
+_CONTEXT_PARALLEL_MEGATRON = Factor(
+    "context parallel",
+    _CP_CLASSES,
+    f"{MEGATRON}: megatron/core/transformer/attention.py (cp_group=self.pg_collection.cp)",
+)
+
 # --- transformers: q and k (b, h, s, d), cos and sin per token
 _HF_SOURCE = f"{HF}: src/transformers/models/llama/modeling_llama.py (LlamaAttention.forward, LlamaRotaryEmbedding)"
 _HF_TOKENS = draws.tokens(f"{_HF_SOURCE}: prefill, and decode with one token per row; position_ids per row")
@@ -700,7 +716,7 @@ PRESETS: dict[str, Preset] = {
                     ),
                 ),
                 Param("cu_seqlens", "cu_seqlens", None),
-                Param("cp_size", "cp_size", 1),
+                Param("cp_size", "cp_size", 1, factors=(_CONTEXT_PARALLEL_TE,)),
                 Param("cp_rank", "cp_rank", 0),
             ),
             "x",
@@ -729,7 +745,7 @@ PRESETS: dict[str, Preset] = {
                 Param("config", "config", by_name=True),
                 Param("cu_seqlens", "cu_seqlens", None, factors=(_CU_SEQLENS_MEGATRON,)),
                 Param("mscale", "mscale", 1.0),
-                Param("cp_group", "cp_group", None),
+                Param("cp_group", "cp_group", None, factors=(_CONTEXT_PARALLEL_MEGATRON,)),
             ),
             "x",
             ("x", "packed"),

@@ -85,6 +85,7 @@ def _start_positions(call):
     """Each sequence's first position, an int32 tensor (None where all are 0, as its
     ``start_positions`` class says); a ``longer buffer``: the same, then zeros."""
     if call.cp > 1:  # TransformerEngine's callers give offsets through freqs under context parallelism
+        call.passed["start_positions"] = "None"
         return None
     offsets = call.sequence_offsets()
     wanted = call.choice("start_positions")
@@ -111,6 +112,12 @@ def _cos_sin(call, which: int):
         return table[:1]
     call.passed["cos rows"] = "(b, s, D)"
     return table
+
+
+def _ranks(call) -> int:
+    """The context-parallel ranks of the call (noted as its ``context parallel`` class)."""
+    call.passed["context parallel"] = "N ranks" if call.cp > 1 else "1 rank"
+    return call.cp
 
 
 def _scale(call):
@@ -170,12 +177,14 @@ ROLES: dict[str, Role] = {
             lambda call: "thd" if call.packed else call.format_variant(),
         ),
         # context parallelism: one rank of one unless --cp-size
-        Role("cp_size", "the context-parallel ranks", lambda call: call.cp, default_only=True, context_parallel=True),
+        Role(
+            "cp_size", "the context-parallel ranks", lambda call: _ranks(call), default_only=True, context_parallel=True
+        ),
         Role("cp_rank", "this rank", lambda call: call.rank, default_only=True, context_parallel=True),
         Role(
             "cp_group",
             "a group whose size() and rank() say them",
-            lambda call: RankGroup(call.cp, call.rank),
+            lambda call: RankGroup(_ranks(call), call.rank),
             context_parallel=True,
         ),
         # never passed: their parameters' defaults

@@ -163,13 +163,13 @@ def support_notes(session) -> dict[str, list[str]]:
 def print_notes(console: Console, session) -> None:
     paths = coverage_line(session)
     if paths:
-        console.print(f"\n{escape(paths)}", soft_wrap=True, highlight=False)
+        console.print(f"\n{paths}", markup=False, soft_wrap=True, highlight=False)
     untried: dict = {}
     for r in session.results:  # the size switch inputs a run left out, once each
         if r.untried:
             untried.setdefault(r.untried, []).append(column_label(r.dtype, r.mode))
     for said, columns in untried.items():
-        console.print(f"{escape(said)} [{', '.join(columns)}]", soft_wrap=True, highlight=False)
+        console.print(f"{said} [{', '.join(columns)}]", markup=False, soft_wrap=True, highlight=False)
     compiled = run_modes.summary(session.compile_notes)
     if compiled:
         console.print(f"\n[yellow]compile[/]: {escape(compiled)}", soft_wrap=True)

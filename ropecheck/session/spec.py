@@ -201,6 +201,10 @@ def run_space(preset, target: Target, call: Optional[str], cp_size: int):
         if call is not None and forms:
             keep = [c.name for c in factor.classes if c.settings.get("call", call) == call]
             space = space.restricted(factor.name, keep, f"--call {call} was asked for")
+    if space.has("context parallel"):  # a run's own: every call split, or none
+        ranks = "N ranks" if cp_size > 1 else "1 rank"
+        why = f"--cp-size {cp_size} splits every call" if cp_size > 1 else "--cp-size N checks context parallelism"
+        space = space.restricted("context parallel", (ranks,), why)
     if cp_size > 1 and space.has("start_positions"):
         space = space.restricted(
             "start_positions",
