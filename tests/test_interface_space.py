@@ -136,3 +136,9 @@ def test_the_docs_list_every_class_of_every_preset():
         "docs/presets.md's table of argument classes differs from the presets: make it again with "
         "ropecheck.calling.presets.classes_table()"
     )
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_class_asks_only_what_the_drawing_knows(name):
+    asked = {key for f in PRESETS[name].space.factors for c in f.classes for key, _ in c.realize}
+    assert asked <= set(draws.REALIZED), asked - set(draws.REALIZED)

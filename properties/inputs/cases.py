@@ -21,8 +21,8 @@ class Layout:
     """How a (batch, seq, heads, head_dim) tensor sits in its storage. ``what`` names the
     views in a support note ("raises on views with an odd row stride"); an ``exotic``
     layout is one no model hands RoPE, probed separately from the drawn inputs; an
-    ``interface`` layout is drawn only for the library interfaces that take it
-    (``interface.Interface.layouts``: MLA's slices for a serving engine's kernel)."""
+    ``interface`` layout is drawn only for the library interfaces whose argument space has
+    it (MLA's slices for a serving engine's kernel)."""
 
     name: str
     what: str

@@ -109,14 +109,20 @@ def _scattered(limit: int) -> st.SearchStrategy[int]:
 DRAWN_TOKENS = 256
 
 
+def scattered_positions(draw, batch: int, seq: int, limit: int) -> np.ndarray:
+    """(batch, seq) positions in no order, each in [0, limit]: drawn one by one for a short
+    input, spread from a drawn seed past DRAWN_TOKENS of them (``draw``: hypothesis')."""
+    if batch * seq > DRAWN_TOKENS:
+        return _spread_positions(draw(st.integers(0, 2**32 - 1)), batch, seq, limit)
+    values = draw(_lists(_scattered(limit), batch * seq))
+    return np.asarray(values, dtype=np.int64).reshape(batch, seq)
+
+
 @st.composite
 def _position_grids(draw, batch: int, seq: int, limit: int, row_offsets: bool = False) -> np.ndarray:
     kind = draw(st.sampled_from(("row-offsets", "shared-offset") + (() if row_offsets else ("scattered",))))
     if kind == "scattered" or limit < seq - 1:
-        if batch * seq > DRAWN_TOKENS:
-            return _spread_positions(draw(st.integers(0, 2**32 - 1)), batch, seq, limit)
-        values = draw(_lists(_scattered(limit), batch * seq))
-        return np.asarray(values, dtype=np.int64).reshape(batch, seq)
+        return scattered_positions(draw, batch, seq, limit)
     top = limit - (seq - 1)
     if kind == "shared-offset":
         starts = [draw(offsets(top))] * batch
@@ -173,7 +179,7 @@ def seq_lengths(short: st.SearchStrategy, min_seq: int, max_seq: int) -> st.Sear
 
 
 @lru_cache(maxsize=None)
-def _seqs(min_seq: int, max_seq: int = 24) -> st.SearchStrategy[int]:
+def sequence_lengths(min_seq: int, max_seq: int = 24) -> st.SearchStrategy[int]:
     short = st.one_of(st.integers(min_seq, 8), st.integers(min_seq, 24), st.just(max(min_seq, 1)))
     return seq_lengths(short, min_seq, max_seq)
 
@@ -235,7 +241,7 @@ def _cases(
     if call == "packed":
         return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions, sizes, longest))
     batch = draw(st.integers(min_batch, max(min_batch, 3)))
-    seq = draw(_seqs(min_seq, longest))
+    seq = draw(sequence_lengths(min_seq, longest))
     if call == "x":
         heads, kv = draw(_heads(sizes.heads)), 0
     elif sizes.model:

@@ -27,18 +27,15 @@ from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.inputs.cases import MEMORY_LAYOUTS, Case
 from ropecheck.properties.inputs.strategies import (
     BOUNDARIES,
-    DRAWN_TOKENS,
     PACKED_MEMORY,
-    _lists,
-    _scattered,
-    _seqs,
-    _spread_positions,
     fitted_seq,
     head_dim_choices,
     max_position_for,
     model_qk_heads,
     offsets,
     scales,
+    scattered_positions,
+    sequence_lengths,
 )
 from ropecheck.properties.interfaces.space import NOT_APPLICABLE, Factor, Rule, Space, both_ways, value_class
 
@@ -196,12 +193,10 @@ class _Drawn:
         return self.draw(offsets(max(limit, 0)))
 
     def scattered(self, count: int, limit: int) -> np.ndarray:
-        if count > DRAWN_TOKENS:
-            return _spread_positions(self.draw(st.integers(0, 2**32 - 1)), 1, count, limit).reshape(-1)
-        return np.asarray(self.draw(_lists(_scattered(limit), count)), dtype=np.int64)
+        return scattered_positions(self.draw, 1, count, limit).reshape(-1)
 
     def seq(self, min_seq: int, longest: int) -> int:
-        return self.draw(_seqs(min_seq, longest))
+        return self.draw(sequence_lengths(min_seq, longest))
 
 
 class _Fixed:

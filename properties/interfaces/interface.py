@@ -38,21 +38,16 @@ class Table:
 class Interface:
     """What the checks read of the library interface a target is called through (its
     preset, ``ropecheck.calling.presets``): the table it is fed (None: it computes its own
-    angles), the memory layouts its tensors are drawn in (() the layouts models produce),
-    its argument space (``space``: the classes of values its parameters take, tensor
-    formats and position dtypes among them: each input is drawn in one of each), whether q
-    and k come in layouts of their own (separate tensors with their own strides), whether
-    it takes the batch flattened into tokens, the fp8 formats it quantizes its outputs to
-    (``quantized``: the ``quantize_dtype`` choice of a call names one; the checks
-    read the dequantized outputs, ``properties.core.quantization``), and what it names its
-    arguments."""
+    angles), its argument space (``space``: the classes of values its parameters take in
+    its library's callers, the memory layouts, tensor formats and position dtypes among
+    them: each input is drawn in a row of its plan, ``properties.interfaces.space``), the
+    fp8 formats it quantizes its outputs to (``quantized``: the ``quantize_dtype`` class of
+    a call names one; the checks read the dequantized outputs,
+    ``properties.core.quantization``), and what it names its arguments."""
 
     name: str
     table: Optional[Table] = None
-    layouts: tuple = ()
     space: Space = Space(())
-    own_k_layout: bool = False
-    tokens: bool = False
     quantized: tuple = ()
     words: dict = field(default_factory=dict, compare=False)
 

@@ -399,7 +399,7 @@ PRESETS: dict[str, Preset] = {
             "inplace",
             ("qk",),
             "tokens",
-            Interface("vllm", Table("cos-sin", "cos_sin_cache"), tokens=True, words=_TOKENS_WORDS),
+            Interface("vllm", Table("cos-sin", "cos_sin_cache"), words=_TOKENS_WORDS),
             k="optional",
             max_position=TABLE_POSITIONS,
             rules=_VLLM_RULES,
@@ -426,7 +426,6 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-cos-sin-cache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                tokens=True,
                 words=_TOKENS_WORDS,
             ),
             max_position=TABLE_POSITIONS,
@@ -467,7 +466,7 @@ PRESETS: dict[str, Preset] = {
             "inplace",
             ("qk",),
             "tokens-heads",
-            Interface("vllm-kvcache", Table("cos-sin", "cos_sin_cache"), tokens=True, words=_TOKENS_WORDS),
+            Interface("vllm-kvcache", Table("cos-sin", "cos_sin_cache"), words=_TOKENS_WORDS),
             max_position=TABLE_POSITIONS,
             cache="paged",
             padding_slot=-1,
@@ -524,7 +523,6 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "sglang-kvcache",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                tokens=True,
                 words=_words(positions="positions", query="q", key="k", layout="is_neox"),
             ),
             max_position=TABLE_POSITIONS,
@@ -573,7 +571,6 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-rope-fp8",
                 Table("cos-sin", "cos_sin_cache", dtype="float32"),
-                tokens=True,
                 quantized=FP8_FORMATS,
                 words=_words(positions="pos_ids", query="q_rope", key="k_rope", layout="is_neox"),
             ),
@@ -604,7 +601,6 @@ PRESETS: dict[str, Preset] = {
             Interface(
                 "flashinfer-pos-ids",
                 None,
-                tokens=True,
                 words=_words(positions="pos_ids", query="q", key="k", layout="interleave", rotary_dim="rotary_dim"),
             ),
             layouts={"half": False, "interleaved": True},
