@@ -302,7 +302,7 @@ def run_property(
                 result.notes.append(f"raises on {probe.what}: {said}")
 
     start = time.perf_counter()
-    _run(
+    failing = _run(
         result,
         seen,
         inputs(),
@@ -313,6 +313,8 @@ def run_property(
         describe=lambda drawn: _describe(*drawn),
         whose=lambda exc, drawn: _whose_head(exc, drawn[0]),
     )
+    if failing is not None and result.status == "failed" and prop.size_switches:
+        _switch_of(failing, result, prop, ctx, options)
     if prop.sweeps:
         _sweep(result, ctx, reproduce_hint)
         if result.status == "failed":
@@ -332,11 +334,12 @@ def _run(
     after_drawn,
     describe,
     whose=lambda exc, drawn: "",
-) -> None:
+):
     """The one loop every check of every family runs in: hypothesis over ``strategy``
     (shrinking within the budgets), then ``after_drawn()``; a failure is recorded in ``result`` with the input that
     raised it (message and counterexample from the same failure), the largest error seen
-    either way."""
+    either way. Returns the failing input (None: none, or not known)."""
+    drawn = None
     test = options.settings()(given(strategy)(attempt))
     if options.seed is not None:
         test = hypothesis_seed(options.seed)(test)
@@ -372,6 +375,7 @@ def _run(
     if result.status != "passed" and not seen.max > 1.0:
         result.max_error = None  # the failure is not a measured error (a raise, a crash, ...)
     result.examples = seen.count
+    return drawn
 
 
 # Elements of the largest drawn input, about: a call on more gets a proportionally longer
@@ -434,13 +438,44 @@ def _size_switches(
             found = size_switches.boundary(size, fails, passed.get(size.kind, 0))
             if found is None:
                 raise
-            error, where = getattr(found.failure, "error", float("inf")), getattr(found.failure, "where", {})
-            failure = CheckFailure(f"{found.sentence}: {found.failure}", error, where)
+            failure = _switch_failure(found)
             seen.failed((found.case, size.extras(found.case)), failure)
             raise failure from None
         took = time.perf_counter() - start
         spent, rate = spent + took, max(rate, took / max(size.elements, 1))
         passed[size.kind] = size.count
+
+
+def _switch_failure(found) -> CheckFailure:
+    """The failure a size switch is: its sentence, then what failed at its boundary."""
+    error, where = getattr(found.failure, "error", float("inf")), getattr(found.failure, "where", {})
+    failure = CheckFailure(f"{found.sentence}: {found.failure}", error, where)
+    return failure
+
+
+def _switch_of(failing, result: Result, prop: Property, ctx, options: RunOptions) -> None:
+    """A failure of a large input (a drawn one at production sizes, a fixed large one)
+    searched down to the boundary of a size switch: where one is found, it is the failure,
+    the boundary input its counterexample (hypothesis cannot shrink below a switch)."""
+    case, extras = failing
+    if getattr(case, "call", None) not in ("x", "qk", "packed") or result.message.startswith("size switch: "):
+        return
+    size = size_switches.from_case(case)
+    if size is None:
+        return
+
+    def fails(case, **more):
+        ctx.rope.case, ctx.rope.timeout = case, call_time_limit(options.timeout, case)
+        prop.check(ctx, case, **{**extras, **more})
+
+    found = size_switches.boundary(size, fails, 0)
+    if found is None:
+        return
+    failure = _switch_failure(found)
+    result.message = str(failure) + _whose_head(failure, found.case)
+    result.counterexample = _describe(found.case, size.extras(found.case))
+    result.input = _record(found.case, size.extras(found.case))
+    result.signature = signature(failure, result.counterexample)
 
 
 def _whose_head(exc: BaseException, case) -> str:

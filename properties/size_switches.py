@@ -23,7 +23,7 @@ boundary input, instead of a minimal one hypothesis cannot find below the switch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Optional
 
@@ -66,6 +66,7 @@ class SizeInput:
     heads: int
     kind: str
     unit: str = "tokens"
+    rows: int = 1  # batch rows of count tokens each
 
     @property
     def elements(self) -> int:
@@ -78,7 +79,8 @@ class SizeInput:
     def describe(self, count: int) -> str:
         if self.unit != "tokens":
             return f"{count} {self.unit}"
-        return f"{count} tokens x {self.heads} heads ({count * self.heads} token-heads)"
+        rows = f"{self.rows} rows of " if self.rows > 1 else ""
+        return f"{rows}{count} tokens x {self.heads} heads ({self.rows * count * self.heads} token-heads)"
 
 
 def _head_dim(rotary_dim: Optional[int]) -> int:
@@ -196,6 +198,33 @@ def untried(max_position: int) -> str:
     )
 
 
+# Token x head counts from which a failing input is searched for a switch (below, a failure
+# is a small input's: hypothesis shrinks it)
+SEARCHED = 2**12
+
+
+def _cut(case: Case, tokens: int) -> Case:
+    """``case`` with its first ``tokens`` tokens in each row (packed: in all, the last
+    sequences cut first)."""
+    if case.call == "packed":
+        lengths, left = [], tokens
+        for n in case.lengths:
+            lengths.append(min(n, left))
+            left -= lengths[-1]
+        return replace(case, seq=tokens, positions=(case.positions[0][:tokens],), lengths=tuple(lengths))
+    return replace(case, seq=tokens, positions=tuple(row[:tokens] for row in case.positions))
+
+
+def from_case(case: Case) -> Optional[SizeInput]:
+    """A failing input as the largest of its kind (fewer tokens, the rest kept), for the
+    boundary search; None where it is too small to have crossed a switch."""
+    heads = case.heads + case.k_heads
+    if case.batch * case.seq * heads < SEARCHED or case.n_axes > 1:
+        return None
+    crosses = f"{case.batch * case.seq * heads} token-heads"
+    return SizeInput(case, crosses, partial(_cut, case), case.seq, heads, "failed", rows=case.batch)
+
+
 def _fails(check, case: Case, extras: dict) -> Optional[BaseException]:
     try:
         check(case, **extras)
@@ -238,5 +267,6 @@ def boundary(size: SizeInput, check, passed: int) -> Optional[Boundary]:
     token = worst.get("seq") if size.case.batch == 1 else worst.get("batch")
     if token is not None and token >= high - 1:
         return None  # only the token added at the boundary is wrong: not a switch of the whole
-    sentence = f"size switch: fails from {size.describe(high)}, passes at {low} ({low * size.heads} token-heads)"
+    below = f"{low} ({size.rows * low * size.heads} token-heads)" if size.unit == "tokens" else str(low)
+    sentence = f"size switch: fails from {size.describe(high)}, passes at {below}"
     return Boundary(size.make(high), failure, sentence)

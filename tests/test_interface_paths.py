@@ -153,3 +153,17 @@ def test_the_switch_inputs_cross_the_usual_points_in_every_call_form():
         assert (call, "10240 token-heads") in crossed and (call, "a sequence of 65537 tokens") in crossed
     assert all(s.case.shape[2] * s.count in (s.heads * s.count,) for s in sizes)
     assert size_switches.untried(65535).startswith("size switches: a sequence past 65535 tokens not tried")
+
+
+def test_a_large_failing_input_is_searched_for_its_switch():
+    """A drawn input past a switch (a production run's) is cut token by token: the failure
+    becomes the switch's boundary, not an input hypothesis cannot shrink below it."""
+    case = Case("float32", 3, 2048, 8, 8, tuple(tuple(range(2048)) for _ in range(3)), call="qk", k_heads=1)
+    size = size_switches.from_case(case)
+    assert size is not None and size.count == 2048 and size.heads == 9 and size.rows == 3
+    found = size_switches.boundary(size, _check_failing(lambda n: 0 if 3 * n * 9 >= 10240 else None), 0)
+    assert found is not None and found.case.seq == 380 and found.case.positions[2][-1] == 379
+    assert found.sentence == (
+        "size switch: fails from 3 rows of 380 tokens x 9 heads (10260 token-heads), passes at 379 (10233 token-heads)"
+    )
+    assert size_switches.from_case(Case("float32", 1, 64, 2, 8, (tuple(range(64)),))) is None  # too small
