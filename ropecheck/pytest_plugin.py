@@ -240,14 +240,35 @@ def pytest_report_header(config):
 RESULT_KEY = "ropecheck_result"
 
 
+PATHS_KEY = "ropecheck_interface_paths"
+
+
 def pytest_runtest_logreport(report):
     """Collect each check's result (from this process or an xdist worker) for the summary."""
     for key, value in getattr(report, "user_properties", ()):
         if key == RESULT_KEY and report.when == "call":
             _CAUSES.append(value)
+        if key == PATHS_KEY and report.when == "call":
+            _PATHS.append(value)
 
 
 _CAUSES: list = []
+_PATHS: list = []  # the pairs of interface argument classes each check's calls covered
+
+
+def _paths_line() -> str:
+    """The checks' pairs of interface argument classes, together: the column that covered
+    fewest, and the classes the run could not reach ("" without an interface)."""
+    if not _PATHS:
+        return ""
+    covered: dict = {}
+    for item in _PATHS:
+        covered.setdefault(item["column"], set()).update(map(str, item["covered"]))
+    total, unreached = _PATHS[0]["pairs"], _PATHS[0]["unreached"]
+    column, fewest = min(covered.items(), key=lambda entry: len(entry[1]))
+    where = "in every column" if len(fewest) == total else f"({column}, the column that called fewest)"
+    line = f"interface paths: {len(fewest)}/{total} pairs of argument classes {where}"
+    return line + (f"; not reached: {unreached}" if unreached else "")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -273,6 +294,9 @@ def pytest_terminal_summary(terminalreporter):
         )
         r.signature = item["signature"]
         results.append(r)
+    paths = _paths_line()
+    if paths:
+        terminalreporter.write_line(paths)
     for cause in group_causes(results):
         terminalreporter.write_line(
             f"ROOT CAUSE {cause['id']} took down {len(cause['properties'])} checks "
@@ -323,6 +347,18 @@ def run_check(request, check: tuple) -> None:
                     "counterexample": result.counterexample,
                     "reproduce": result.reproduce,
                 },
+            )
+        )
+    interface = session.target.interface
+    if result.paths and interface is not None and interface.space.factors:
+        coverage = interface.space.coverage(dict(path) for path in result.paths)
+        unreached = "; ".join(f"{f}={c} ({why})" for f, c, why in interface.space.unreached)
+        column = column_label(result.dtype, result.mode)
+        covered = [list(map(list, pair)) for pair in sorted(coverage.covered)]
+        request.node.user_properties.append(
+            (
+                PATHS_KEY,
+                {"column": column, "covered": covered, "pairs": len(interface.space.pairs), "unreached": unreached},
             )
         )
     if result.status == "skipped":

@@ -299,3 +299,27 @@ def test_rope_mode_parametrizes_the_suite(pytester):
                  "--rope-mode", "eager,autocast", "-k", "reference")
     result.assert_outcomes(passed=1, failed=1, deselected=2 * (ALL - 1) - 1)
     result.stdout.fnmatch_lines(["FAILED *test_property?kernel.py:matmul_angles-float32-autocast-reference?*"])
+
+
+HF_KERNEL = '''
+import torch
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+'''
+
+
+def test_a_run_through_an_interface_says_which_pairs_of_its_argument_classes_it_called(pytester):
+    pytester.makepyfile(hfkernel=HF_KERNEL)
+    pytester.makefile(".toml", pyproject="\n".join([
+        "[tool.pytest.ini_options]", 'rope_target = "hfkernel.py:rope"', 'rope_api = "hf"', 'rope_layout = "half"',
+        'rope_dtype = "float32"', 'rope_profile = "ci"']))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.re_match_lines([r"interface paths: (\d+)/\1 pairs of argument classes in every column"])
