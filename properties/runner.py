@@ -403,9 +403,10 @@ RATE_ELEMENTS = 2**16
 def _size_switches(
     prop: Property, ctx, options: RunOptions, seen: Seen, run_check, result: Result, rate: float = 0.0
 ) -> None:
-    """The inputs that cross the size switch points (``size_switches``), smallest first,
-    while their time (predicted at ``rate``, seconds per element, from the inputs before:
-    the larger fixed ones, then these) fits the budget; a failure is searched down to its
+    """The inputs that cross the size switch points (``size_switches``), smallest first: the
+    first ones always, the others while their time (predicted at ``rate``, seconds per
+    element, from the inputs before: the larger fixed ones, then these) fits the budget,
+    whatever is left out named; a failure is searched down to its
     boundary, and a size switch found is the failure, its boundary input the
     counterexample."""
     budget = SIZE_BUDGET.get(options.profile, DEFAULT_SIZE_BUDGET)
@@ -418,7 +419,7 @@ def _size_switches(
 
     sizes, result.untried = prop.size_inputs(ctx)
     for size in sizes:
-        if spent + rate * size.elements > budget:
+        if not size.always and spent + rate * size.elements > budget:
             result.untried = "; ".join(
                 filter(
                     None,

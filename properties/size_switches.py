@@ -34,8 +34,10 @@ from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.inputs.cases import Case
 from ropecheck.properties.inputs.strategies import partial_head_dims
 
-# token x head counts an input crosses (the switch points of production kernels)
+# token x head counts an input crosses (the switch points of production kernels); those up to
+# ALWAYS are tried in every run whatever the time budget (10240, the best known, among them)
 TOKEN_HEADS = (2**13, 10240, 2**14, 2**15 + 1, 2**16, 2**17 + 8)
+ALWAYS = 2**14
 HEADS = 8  # heads of a token x head input: q 6 and k 2 in the (q, k) form
 GRID_LIMIT = 65535  # a CUDA grid's y and z dimensions
 START = 100  # the first position of a sequence (not 0: a kernel that ignores it shows)
@@ -71,6 +73,15 @@ class SizeInput:
     @property
     def elements(self) -> int:
         return int(np.prod(self.case.shape))
+
+    @property
+    def always(self) -> bool:
+        """Tried in every run, whatever the time budget (the token x head counts up to ALWAYS)."""
+        return (
+            self.unit == "tokens"
+            and self.kind.endswith("token-heads")
+            and self.rows * self.count * self.heads <= ALWAYS
+        )
 
     def extras(self, case: Case) -> dict:
         """The check's keywords for ``case``: the windows of its sequence compared."""

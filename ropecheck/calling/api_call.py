@@ -94,6 +94,9 @@ class _Call:
         if out is None:
             compact = self._keep(t, torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t))
             out = self.format.to_api(self, compact)
+        assert out is not None  # a compact copy merges its batch into tokens
+        if self.format.name == "tokens" and "query shape" not in self.passed:  # (T, H*D) where the heads merge
+            self.passed["query shape"] = "(T, H*D)" if out.dim() == 2 else "(T, H, D)"
         return out
 
     def from_api(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

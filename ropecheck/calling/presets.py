@@ -245,6 +245,20 @@ _QKV_SPLIT = f"{VLLM}: vllm/model_executor/models/llama.py (q, k, v = qkv.split(
 _MLA = f"{VLLM}: vllm/model_executor/models/deepseek_v2.py (q_pe a slice of wider heads, k_pe of the latent row)"
 
 
+# the layouts whose heads merge into one (T, H*D) row: a 2-D query or key is one of them
+_FLAT_LAYOUTS = ("contiguous", "qkv-slice", "latent-slice")
+_FLAT_RULES = (
+    Rule("query shape", ("(T, H*D)",), "query layout", _FLAT_LAYOUTS, "a (T, H*D) view has its heads side by side"),
+    Rule(
+        "query shape",
+        ("(T, H*D)",),
+        "key layout",
+        ("q's buffer", "n/a", *_FLAT_LAYOUTS),
+        "a (T, H*D) view has its heads side by side",
+    ),
+)
+
+
 def _serving_qk(source_tokens: str, key_optional: bool) -> tuple:
     """The factors of a serving engine's token tensors: their tokens, q's layout, the key and
     k's storage (and their rules)."""
@@ -402,7 +416,7 @@ PRESETS: dict[str, Preset] = {
             Interface("vllm", Table("cos-sin", "cos_sin_cache"), words=_TOKENS_WORDS),
             k="optional",
             max_position=TABLE_POSITIONS,
-            rules=_VLLM_RULES,
+            rules=(*_VLLM_RULES, *_FLAT_RULES),
             description="positions int64 (T,); query (T, Hq*D) or (T, Hq, D), strided views included; key "
             "likewise or None; cos_sin_cache (P, rotary_dim) in query's dtype, rows cat(cos, sin) indexed by "
             "position; rotated in place, features past rotary_dim untouched",
@@ -429,7 +443,7 @@ PRESETS: dict[str, Preset] = {
                 words=_TOKENS_WORDS,
             ),
             max_position=TABLE_POSITIONS,
-            rules=_FI_RULES,
+            rules=(*_FI_RULES, *_FLAT_RULES),
             description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required; every "
             "argument passed by name, is_neox included (SGLang's calls: python/sglang/srt/layers/"
             "rotary_embedding.py forward_cuda)",

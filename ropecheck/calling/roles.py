@@ -114,6 +114,12 @@ def _cos_sin(call, which: int):
     return table
 
 
+def _flag(call, factor: str, value: bool) -> bool:
+    """A flag the call passes, noted as its ``factor`` class ("True", "False")."""
+    call.passed[factor] = str(value)
+    return value
+
+
 def _ranks(call) -> int:
     """The context-parallel ranks of the call (noted as its ``context parallel`` class)."""
     call.passed["context parallel"] = "N ranks" if call.cp > 1 else "1 rank"
@@ -156,9 +162,13 @@ ROLES: dict[str, Role] = {
         Role(
             "inplace",
             "whether the result is written into x (declared, or the call's inplace class)",
-            lambda call: call.form.inplace or call.preset.writes_x(call.form.choices),
+            lambda call: _flag(call, "inplace", call.form.inplace or call.preset.writes_x(call.form.choices)),
         ),
-        Role("fused", "the fused path (the call's fused class)", lambda call: call.choice("fused") == "True"),
+        Role(
+            "fused",
+            "the fused path (the call's fused class)",
+            lambda call: _flag(call, "fused", call.choice("fused") == "True"),
+        ),
         Role("seqlen_offsets", "each sequence's first position: an int, or a (b,) tensor", _seqlen_offsets),
         Role("start_positions", "each sequence's first position, an int32 tensor (None: all 0)", _start_positions),
         Role(
