@@ -223,10 +223,10 @@ def _smoke_inputs(target: Subject, dtype: str):
     head_dims = (target.rotary_dim,) if target.rotary_dim else SMOKE_HEAD_DIMS
     for head_dim in head_dims:
         for batch, seq, heads in SMOKE_SHAPES:
-            x = torch.randn(batch, seq, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(
+            x = torch.randn(batch, seq, heads, head_dim, generator=torch.Generator().manual_seed(0), device="cpu").to(
                 torch_dtype(dtype)
             )
-            positions = torch.arange(seq, dtype=torch.int64).repeat(batch, 1)
+            positions = torch.arange(seq, dtype=torch.int64, device="cpu").repeat(batch, 1)
             yield SmokeInput(
                 f"x {tuple(x.shape)}",
                 f"x: shape {tuple(x.shape)} {dtype}, contiguous, standard normal (seed 0); "

@@ -212,4 +212,10 @@ def test_the_harness_names_the_device_of_every_tensor_it_makes():
             if prop.applies_to(target)[0]:
                 with Spy():
                     run_property(prop, target, "float32", RunOptions(profile="ci", max_examples=2, timeout=60))
+    # a preset's plan rows, its KV-cache checks and the size switches (the reference property carries them)
+    for kernel, api in (("vllm_rows_correct", "vllm"), ("sglang_kv_slot0_correct", "sglang-kvcache")):
+        with Spy():
+            report = ropecheck.check(f"tests/path_kernels.py:{kernel}", api=api, layout="half", in_process=True,
+                                     dtypes="float32", properties="reference", max_examples=2, timeout=60)
+        assert report.exit_status == 0, report
     assert not implicit, sorted(implicit)

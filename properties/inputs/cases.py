@@ -57,7 +57,7 @@ def _latent_slice(v: torch.Tensor) -> torch.Tensor:
     """The heads at the end of a wide per-token row, as MLA's k_pe is the last rope
     features of its latent row (kv_lora_rank + rope, kv_lora_rank = 8 rope here)."""
     b, s, h, d = v.shape
-    row = torch.zeros(b, s, 8 * d + h * d, dtype=v.dtype)
+    row = torch.zeros(b, s, 8 * d + h * d, dtype=v.dtype, device=v.device)
     row[..., 8 * d :] = v.reshape(b, s, h * d)
     return row[..., 8 * d :].view(b, s, h, d)
 

@@ -141,9 +141,9 @@ class _Call:
             rows = [flat[s : s + n] for s, n in zip(starts, lengths)]
         else:
             rows = list(p)
-        offsets = torch.tensor([int(r[0]) if r.numel() else 0 for r in rows], dtype=torch.int64)
+        offsets = torch.tensor([int(r[0]) if r.numel() else 0 for r in rows], dtype=torch.int64, device="cpu")
         for row, offset in zip(rows, offsets.tolist()):
-            if not torch.equal(row.cpu(), offset + torch.arange(row.numel())):
+            if not torch.equal(row.cpu(), offset + torch.arange(row.numel(), device="cpu")):
                 word = self.preset.interface.word("positions")
                 raise ValueError(
                     f"--api {self.preset.name} takes positions as {word}: each sequence counts up from its own; "

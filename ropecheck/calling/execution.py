@@ -114,8 +114,8 @@ def _written_outside(original: torch.Tensor, copy: torch.Tensor) -> Optional[str
     if copy.device.type == "meta" or original.untyped_storage().nbytes() == original.numel() * original.element_size():
         return None  # the view is its whole storage
     before, after = _storage_values(original), _storage_values(copy)
-    inside = torch.zeros(before.numel(), dtype=torch.bool)
-    index = torch.arange(before.numel()).as_strided(original.shape, original.stride(), original.storage_offset())
+    inside = torch.zeros(before.numel(), dtype=torch.bool, device=before.device)
+    index = torch.arange(before.numel(), device=before.device).as_strided(original.shape, original.stride(), original.storage_offset())
     inside[index.reshape(-1)] = True
     changed = ~inside & ~((before == after) | (before.isnan() & after.isnan()))
     if not bool(changed.any()):

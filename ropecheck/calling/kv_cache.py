@@ -157,7 +157,7 @@ class KVCacheCall:
                 first = int(wrong.nonzero()[0])
                 i, slot = int(tokens[first]), int(slots[first])
                 raise ReturnedWrong("cache", self._wrong_slot(role, i, slot, cache, expected))
-        owned = torch.zeros(key_cache.shape[0], dtype=torch.bool)
+        owned = torch.zeros(key_cache.shape[0], dtype=torch.bool, device="cpu")
         owned[slots.cpu()] = True
         if self.padding_slot >= 0 and (self.before or self.after):
             owned[self.padding_slot] = True  # the padding tokens' own slot: written, never read

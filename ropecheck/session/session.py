@@ -36,10 +36,10 @@ def probe_position_range(target: Target, dtype: str, run: RunOptions, reproduce:
     positions it accepts (so the properties judge its values, not its range)."""
     result = Result(RANGE_PROBE, dtype, "passed", position_range.FORMULA)
     head_dim = target.rotary_dim or FREE_HEAD_DIMS[0]
-    x = torch.randn(1, 1, 1, head_dim, generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
+    x = torch.randn(1, 1, 1, head_dim, generator=torch.Generator().manual_seed(0), device="cpu").to(torch_dtype(dtype))
     caller = target.caller(run.timeout)
     limit = min(MAX_POSITION, target.max_position or MAX_POSITION)
-    found = position_range.find_limit(lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64)), limit)
+    found = position_range.find_limit(lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64, device="cpu")), limit)
     if found is None:
         return result, target
     at, why = found
