@@ -4,7 +4,8 @@
 # The GPU campaign in one command, on a CUDA machine, in at most 25 minutes (GPU_RUN_BUDGET
 # seconds, default 1500): install the wheels brought along (WHEELS, default .whl/: see
 # ci/gpu-wheels.sh), the execution envelope, the project kernel's tests compiled (not
-# interpreted), the kernel compiled ahead of time, `ropecheck check` over every GPU target
+# interpreted), every library interface (--api) called on the device with a kernel in its
+# signature (tests/path_kernels.py ...), the kernel compiled ahead of time, `ropecheck check` over every GPU target
 # (--device cuda, --profile ci, modes eager / compile / cudagraph, bf16 and fp16; the
 # project's kernel at --profile production last),
 # compute-sanitizer on the planted kernels and `triton`, the GPU benchmarks with their
@@ -136,6 +137,41 @@ for name in ('liger_kernel', 'flash_attn', 'flashinfer'):
             "$py" ci/gpu_report.py bench-table "$out"/bench/benchmark-*.json "$out/bench/benchmarks.md"
             if [ ! -s "$json" ]; then echo "no benchmark ran (pytest exit $rc)"; exit 1; fi
             exit $rc ;;
+        presets)
+            # presets OUT PY JOBS CHECK_ARGS...: every library interface (--api) called with a
+            # kernel in its signature (tests/path_kernels.py and the other test kernels), JOBS
+            # at a time: its plan of argument classes, its KV-cache conventions and its size
+            # switches made on the device. A correct kernel must pass (exit 0) and the planted
+            # one fail (exit 1); each check's JSON record in OUT/checks/preset-NAME.json
+            out=$1; py=$2; jobs=$3; shift 3
+            k=tests/path_kernels.py; p=tests/preset_kernels.py; s=tests/serving_kernels.py
+            presets=("vllm|$k:vllm_rows_correct --api vllm|0"
+                     "vllm-partial-warp-chunk|$k:vllm_warp_chunk_partial --api vllm --rotary-dim 32|1"
+                     "flashinfer-cos-sin-cache|$p:flashinfer_cache_correct --api flashinfer-cos-sin-cache|0"
+                     "flashinfer-pos-ids|$p:pos_ids_correct --api flashinfer-pos-ids|0"
+                     "flash-attn|$k:flash_varlen_correct --api flash-attn|0"
+                     "hf|$k:hf_rows_correct --api hf|0"
+                     "te|$k:te_rows_correct --api te|0"
+                     "megatron|$p:megatron_correct --api megatron|0"
+                     "vllm-kvcache|$s:vllm_kv_correct --api vllm-kvcache|0"
+                     "sglang-kvcache|$k:sglang_kv_slot0_correct --api sglang-kvcache|0")
+            [ "$jobs" = quick ] && { presets=("${presets[0]}"); jobs=1; }
+            status=0 running=0
+            for entry in "${presets[@]}"; do
+                IFS='|' read -r name target expect <<<"$entry"
+                # shellcheck disable=SC2086  # the target's words
+                ( "$py" -m ropecheck check $target --layout half "$@" --json "$out/checks/preset-$name.json" \
+                      >"$out/logs/preset-$name.log" 2>&1
+                  rc=$?
+                  verdict=$([ $rc = "$expect" ] && echo as-expected || echo UNEXPECTED)
+                  paths=$(grep -m1 '^interface paths' "$out/logs/preset-$name.log" | cut -c1-120)
+                  echo "$name: exit $rc (expected $expect) $verdict; $paths"
+                  [ $rc = "$expect" ] ) &
+                running=$((running + 1))
+                if [ $running -ge "$jobs" ]; then wait -n || status=1; running=$((running - 1)); fi
+            done
+            while [ $running -gt 0 ]; do wait -n || status=1; running=$((running - 1)); done
+            exit $status ;;
         *) echo "gpu-run: unknown internal step $internal" >&2; exit 2 ;;
     esac
 fi
@@ -230,13 +266,25 @@ if [ $quick = 1 ]; then
 fi
 step kernel-tests 240 "$py" "${kernel_tests[@]}"
 
-# -- 4. the kernel compiled ahead of time for sm_90a and sm_80 (the toolchain of this machine)
+# -- 4. every library interface (--api) on the device: its argument classes, conventions and
+# size switches made there (CUDA tensors from every draw), a planted size-switch bug among them
+if [ $rehearse = 1 ]; then
+    preset_args=(--device cpu --profile ci --dtype float32 --property reference --max-examples 2)
+    preset_jobs=2
+    [ $quick = 1 ] && preset_jobs=quick
+else
+    preset_args=(--device cuda --profile ci --dtype bfloat16)
+    preset_jobs=5
+fi
+step presets 150 "${self[@]}" --internal presets "$out" "$py" "$preset_jobs" "${preset_args[@]}"
+
+# -- 5. the kernel compiled ahead of time for sm_90a and sm_80 (the toolchain of this machine)
 aot_scope=ci
 [ $quick = 1 ] && aot_scope=main
 step aot 120 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
     --markdown "$out/docs/report-gpu/aot.md"
 
-# -- 5. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean)
+# -- 6. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean)
 planted=tests/gpu_kernels.py
 sanitized=("past_row_read|found|$planted:past_row_read --layout half|memcheck_past_row_read"
            "past_head_store|found|$planted:past_head_store --layout half|memcheck_past_head_store"
@@ -254,11 +302,11 @@ for entry in "${sanitized[@]}"; do
     fi
 done
 
-# -- 6. the benchmarks, with the copy baseline
+# -- 7. the benchmarks, with the copy baseline
 step bench 300 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
 step bench-compiled 180 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
 
-# -- 7. ropecheck check over every GPU target, one step per target and mode (a time box
+# -- 8. ropecheck check over every GPU target, one step per target and mode (a time box
 # that stops one keeps the others' records)
 if [ $rehearse = 1 ]; then
     check_common=(--device cpu --profile ci --dtype float32)
@@ -313,7 +361,7 @@ if [ $rehearse = 0 ]; then  # the project's kernel at production sizes (the inpu
         --dtype bfloat16 --json "$out/checks/triton-production.json" --junit "$out/checks/triton-production.xml"
 fi
 
-# -- 8. the report, the summary, the tarball (outside the budget's steps: always made)
+# -- 9. the report, the summary, the tarball (outside the budget's steps: always made)
 begin=$SECONDS
 printf '%s\t%s\n' report "$py ci/gpu_report.py report $out" >>"$out/commands.tsv"
 if "$py" ci/gpu_report.py report "$out" >"$out/logs/report.log" 2>&1; then

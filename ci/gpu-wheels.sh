@@ -7,6 +7,8 @@
 # click, rich and matplotlib already there (the device README's package list), so every
 # wheel is fetched with --no-deps and each missing dependency is named here:
 #   ropecheck        built from this checkout (its dependencies are all on the machine)
+#   covertable       3.2.0, pure Python, no dependencies: ropecheck's pairwise plans of an
+#                    interface's argument classes (properties/interfaces/space.py)
 #   liger-kernel     0.8.5, pure Python (needs torch and triton: there)
 #   flash-attn       2.8.3.post2: PyPI has only an sdist (the CUDA extension is built at
 #                    install time); built here with FLASH_ATTENTION_SKIP_CUDA_BUILD, a wheel
@@ -50,6 +52,8 @@ step() {  # step WHAT COMMAND...
 }
 
 rm -f "$dir"/*.whl
+step "covertable 3.2.0" "$py" -m pip download --disable-pip-version-check --no-deps \
+    --only-binary=:all: "${platform[@]}" -d "$dir" covertable==3.2.0
 step "liger-kernel 0.8.5" "$py" -m pip download --disable-pip-version-check --no-deps \
     --only-binary=:all: "${platform[@]}" -d "$dir" liger-kernel==0.8.5
 src=$(mktemp -d)  # built from a copy: a build in the checkout leaves build/ and *.egg-info

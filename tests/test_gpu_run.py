@@ -25,10 +25,10 @@ from ropecheck.kernels.triton_env import triton_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "gpu-run.sh"
-STEPS = ["install", "envelope", "kernel-tests", "aot", "sanitize-past_row_read", "sanitize-triton",
+STEPS = ["install", "envelope", "kernel-tests", "presets", "aot", "sanitize-past_row_read", "sanitize-triton",
          "bench", "bench-compiled", "check-triton-eager", "report"]
 FILES = ["summary.md", "steps.tsv", "commands.tsv", "envelope.json", "REHEARSAL", "aot.json",
-         "kernel-tests.xml", "checks/triton-eager.json", "checks/triton-eager.xml",
+         "kernel-tests.xml", "checks/triton-eager.json", "checks/triton-eager.xml", "checks/preset-vllm.json",
          "sanitizer/past_row_read.json", "sanitizer/past_row_read.memcheck.log",
          "sanitizer/triton.json", "bench/benchmark-main.json", "bench/benchmark-compiled.json",
          "bench/benchmarks.md",
@@ -88,9 +88,10 @@ def test_rehearsal_records_say_what_ran(rehearsal):
     assert report["mode"] == "rehearsal"
     assert report["envelope"]["cuda_available"] is False
     assert report["envelope"]["copy"]["device"] == "cpu" and report["envelope"]["copy"]["gb_per_s"] > 0
-    (check,) = report["checks"]
-    assert (check["target"], check["device"], check["profile"], check["verdict"]) == (
-        "triton", "cpu", "ci", "passed")
+    checks = {c["target"]: c for c in report["checks"]}
+    assert set(checks) == {"triton", "tests/path_kernels.py:vllm_rows_correct"}, "the target, and a preset's kernel"
+    for check in checks.values():
+        assert (check["device"], check["profile"], check["verdict"]) == ("cpu", "ci", "passed")
     sanitized = {s["name"]: s for s in report["sanitizer"]}
     assert sanitized["past_row_read"]["as_expected"] and sanitized["past_row_read"]["findings"]
     assert sanitized["triton"]["as_expected"] and not sanitized["triton"]["findings"]
