@@ -52,8 +52,15 @@ def find_limit(call: Callable[[int], None], limit: int) -> Optional[tuple[int, s
     return high, said[high] or ""
 
 
-def finding(limit_at: int, why: str) -> str:
+def finding(limit_at: int, why: str, least: int = 0) -> str:
+    """What a target that raises from position ``limit_at`` on is told; ``least``: the
+    smallest --max-position a target may declare (below it, no table size explains it)."""
     said = why.removeprefix("the target raised ")
+    if limit_at - 1 < least:
+        return (
+            f"position range: raises for positions >= {limit_at} ({said}): fewer than the {least + 1} "
+            f"positions any table holds, so every property runs over the whole range"
+        )
     return (
         f"position range: raises for positions >= {limit_at} ({said}); if {limit_at} is "
         f"the table size it was built for, declare --max-position {limit_at - 1}"

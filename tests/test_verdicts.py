@@ -135,6 +135,23 @@ def test_fixed_table_is_one_position_range_finding(tmp_path):
     assert set(statuses.values()) == {"passed"}, statuses  # the rest judged inside the range
 
 
+def test_a_target_that_raises_past_position_0_fails_there_and_everywhere(tmp_path):
+    """Found on an H200 (a kernel mixing devices at every position > 0): a range too small
+    for any table is a finding, not "internal error" from restricting the target to it;
+    the properties then run over the whole range and fail with the same cause."""
+    spec = write(tmp_path, "position_zero_only", with_rope('''
+        def rope(x, positions):
+            if int(positions.max()) > 0:
+                raise RuntimeError("Expected all tensors to be on the same device")
+            return correct_rope(x, positions)
+    '''))
+    result = check(spec, "--layout", "half", *FP32, *FAST)
+    assert result.exit_code == 1, result.output
+    assert "internal error" not in result.output
+    assert "raises for positions >= 1" in result.output and "every property runs over the whole range" in result.output
+    assert "ROOT CAUSE" in result.output and "Expected all tensors to be on the same device" in result.output
+
+
 def test_fixed_table_passes_with_its_declared_range(tmp_path):
     result = check(write(tmp_path, "table", TABLE), "--layout", "half", *FP32, *FAST,
                    "--max-position", "2097151")

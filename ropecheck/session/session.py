@@ -23,7 +23,7 @@ from ropecheck.properties.runner import Result, RunOptions, run_property
 from ropecheck.session import known_failures
 from ropecheck.session.options import Options
 from ropecheck.session.sharing import Share
-from ropecheck.targets.target import Target
+from ropecheck.targets.target import MIN_MAX_POSITION, Target
 
 
 def column_label(dtype: str, mode: str = "eager") -> str:
@@ -43,10 +43,12 @@ def probe_position_range(target: Target, dtype: str, run: RunOptions, reproduce:
     if found is None:
         return result, target
     at, why = found
-    result.status, result.message = "failed", position_range.finding(at, why)
+    result.status, result.message = "failed", position_range.finding(at, why, MIN_MAX_POSITION)
     result.counterexample = f"x: shape {tuple(x.shape)} {dtype}, contiguous; positions [{at}]"
     result.reproduce = reproduce
     result.signature = "position-range"
+    if at - 1 < MIN_MAX_POSITION:  # too few to draw from: the properties judge the whole range
+        return result, target
     return result, target.with_(max_position=at - 1)
 
 
