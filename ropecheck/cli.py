@@ -88,6 +88,10 @@ def check(options):
         raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         fail(console, "interrupted", EXIT_FAILED, records)
+    except Exception as exc:  # our own bug, while the target is loaded and warmed up: say so plainly
+        if options.debug:
+            traceback.print_exc()
+        fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", records=records)
     from ropecheck.properties.core.sizes import sizes_lines
 
     target, run = session.target, session.run_options

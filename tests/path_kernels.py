@@ -19,7 +19,7 @@ FUSED_TOKEN_HEADS = 10240  # vLLM's warp-chunk path: num_tokens * (num_heads + n
 def _pairs(rotary_dim: int, neox: bool, partner_half: int | None = None) -> tuple:
     """(first, second) feature indices of the rotated pairs: (i, i + r/2) for NeoX
     (``partner_half`` replaces r/2), (2i, 2i + 1) for GPT-J."""
-    i = torch.arange(rotary_dim // 2)
+    i = torch.arange(rotary_dim // 2, device="cpu")  # moved to the rows' device by _turn
     if neox:
         return i, i + (rotary_dim // 2 if partner_half is None else partner_half)
     return 2 * i, 2 * i + 1
@@ -29,6 +29,7 @@ def _turn(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, first, secon
     """rows (N, D) with pair (first[j], second[j]) of row n turned by (cos[n, j], sin[n, j]),
     computed in float32 (float64 for float64 rows); a new tensor in rows' dtype."""
     work = _opmath(rows)
+    first, second = first.to(rows.device), second.to(rows.device)
     out = rows.to(work).clone()
     a, b = rows[:, first].to(work), rows[:, second].to(work)
     c, s = cos.to(work), sin.to(work)
@@ -63,7 +64,7 @@ def _flash_rows(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, f
             offset = int(seqlen_offsets[which])
         else:
             offset = int(seqlen_offsets)
-        rows = offset + torch.arange(length)
+        rows = offset + torch.arange(length, device=x.device)
         c = cos[rows].repeat_interleave(heads, 0)
         s = sin[rows].repeat_interleave(heads, 0)
         flat = tokens[start : start + length].reshape(length * heads, -1)
@@ -111,8 +112,8 @@ def _hf_rows(q, k, cos, sin, unsqueeze_dim, decode_batch0=False):
     for t in (q, k):
         bhsd = t if unsqueeze_dim == 1 else t.transpose(1, 2)
         b, h, s, d = bhsd.shape
-        batch_of = torch.arange(b)[:, None, None].expand(b, h, s).reshape(-1)
-        token_of = torch.arange(s)[None, None, :].expand(b, h, s).reshape(-1)
+        batch_of = torch.arange(b, device=t.device)[:, None, None].expand(b, h, s).reshape(-1)
+        token_of = torch.arange(s, device=t.device)[None, None, :].expand(b, h, s).reshape(-1)
         if decode_batch0 and s == 1:  # the one-token grid covers heads only: batch row 0
             batch_of = torch.zeros_like(batch_of)
         table_row = batch_of if cos.shape[0] > 1 else torch.zeros_like(batch_of)
@@ -121,7 +122,7 @@ def _hf_rows(q, k, cos, sin, unsqueeze_dim, decode_batch0=False):
         rows = bhsd.reshape(-1, d)
         out = _turn(rows, c, sn, first, second)
         if decode_batch0 and s == 1:  # rows of the other batch entries are left unwritten
-            out = torch.where((torch.arange(b * h * s) < h)[:, None], out, rows)
+            out = torch.where((torch.arange(b * h * s, device=t.device) < h)[:, None], out, rows)
         out = out.reshape(b, h, s, d)
         outs.append(out if unsqueeze_dim == 1 else out.transpose(1, 2))
     return tuple(outs)
@@ -145,6 +146,15 @@ def hf_cos_per_row(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     cos = torch.stack([cos[b] for b in range(bhsd.shape[0])])
     sin = torch.stack([sin[b] for b in range(bhsd.shape[0])])
     return _hf_rows(q, k, cos, sin, unsqueeze_dim)
+
+
+def hf_writes_around(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Right values, but q's storage written past the view: the last element of a padded row
+    or of a fused qkv projection (a kernel that stores whole rows)."""
+    out = _hf_rows(q, k, cos, sin, unsqueeze_dim)
+    storage = torch.empty(0, dtype=q.dtype, device=q.device).set_(q.untyped_storage())
+    storage[-1] = 7.0
+    return out
 
 
 # --- vLLM: fn(positions, query, key, head_size, cos_sin_cache, is_neox), in place -----------------
@@ -218,15 +228,16 @@ def _te_rows(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, 
                 continue
             which = 0 if first_start_only else sequence
             start = 0 if start_positions is None else int(start_positions[which])
-            rows = (start + torch.arange(e - s)).repeat_interleave(t.shape[1])
+            rows = (start + torch.arange(e - s, device=t.device)).repeat_interleave(t.shape[1])
             flat = t[s:e].reshape(-1, t.shape[-1])
             out[s:e] = _turn(flat, angles[rows].cos(), angles[rows].sin(), first, second).reshape(e - s, *t.shape[1:])
         return out
     bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
     b, s, h, d = bshd.shape
     # a longer buffer of start positions (TransformerEngine's inference): the first b are this batch's
-    starts = torch.zeros(b, dtype=torch.long) if start_positions is None else start_positions[:b].long()
-    rows = (starts[:, None] + torch.arange(s))[:, :, None].expand(b, s, h).reshape(-1)
+    none = start_positions is None
+    starts = torch.zeros(b, dtype=torch.long, device=t.device) if none else start_positions[:b].long()
+    rows = (starts[:, None] + torch.arange(s, device=t.device))[:, :, None].expand(b, s, h).reshape(-1)
     out = _turn(bshd.reshape(-1, d), angles[rows].cos(), angles[rows].sin(), first, second).reshape(b, s, h, d)
     return out.transpose(0, 1) if tensor_format == "sbhd" else out
 

@@ -184,8 +184,9 @@ def flashinfer_cache_next_row(positions, query, key, head_size, cos_sin_cache, i
 def _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, ignore_rotary_dim=False, pos16=False):
     head_dim = q.shape[-1]
     r = head_dim if rotary_dim is None or ignore_rotary_dim else rotary_dim
-    idx = torch.arange(r // 2, dtype=torch.float32)
-    freq = (1.0 / rope_scale) * torch.pow(torch.tensor(1.0 / rope_theta, dtype=torch.float32), 2 * idx / r)
+    idx = torch.arange(r // 2, dtype=torch.float32, device=q.device)
+    base = torch.tensor(1.0 / rope_theta, dtype=torch.float32, device=q.device)
+    freq = (1.0 / rope_scale) * torch.pow(base, 2 * idx / r)
     pos = pos_ids.to(torch.int16) if pos16 else pos_ids
     angle = pos.to(torch.float32)[:, None] * freq
     cos, sin = torch.cos(angle)[:, None], torch.sin(angle)[:, None]
@@ -239,7 +240,7 @@ def _flash(
         if row0_offsets or (decode_row0 and cu_seqlens is None and seqlen == 1):
             offsets = offsets[:1].expand(batch)
     else:
-        offsets = torch.full((batch,), int(offsets), dtype=torch.long)
+        offsets = torch.full((batch,), int(offsets), dtype=torch.long, device=x.device)
     out = x if inplace else torch.empty_like(x)
     if cu_seqlens is None:
         rows = offsets[:, None].to(x.device) + torch.arange(seqlen, device=x.device)
@@ -322,7 +323,7 @@ def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=
         for b in range(len(cu_seqlens) - 1):
             s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
             start = 0 if start_positions is None else int(start_positions[0 if row0 else b])
-            rows = start + torch.arange(e - s)
+            rows = start + torch.arange(e - s, device=t.device)
             out[s:e] = _rotate(t[s:e], cos_t[rows][:, None], sin_t[rows][:, None], not interleaved)
         return out
     bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
@@ -330,12 +331,12 @@ def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=
     # start_positions may be a longer buffer (TransformerEngine's inference keeps one of max_batch_size):
     # the first batch entries are this batch's
     if start_positions is None:
-        starts = torch.zeros(batch, dtype=torch.long)
+        starts = torch.zeros(batch, dtype=torch.long, device=t.device)
     else:
         starts = start_positions.long() if buffer_as_batch else start_positions[:batch].long()
     if row0:
         starts = starts[:1].expand(batch)
-    rows = starts[:, None] + torch.arange(seqlen)
+    rows = starts[:, None] + torch.arange(seqlen, device=t.device)
     y = _rotate(bshd, cos_t[rows][:, :, None], sin_t[rows][:, :, None], not interleaved)
     return y.transpose(0, 1) if tensor_format == "sbhd" else y
 

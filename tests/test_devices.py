@@ -16,6 +16,8 @@ import torch
 
 import ropecheck
 from ropecheck.calling import devices
+
+ROOT = Path(__file__).resolve().parents[1]
 from ropecheck.kernels.triton_env import triton_missing
 from ropecheck.calling.execution import Execution, Request
 from tests.test_cli import FP32, check
@@ -176,6 +178,18 @@ FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, tor
              torch.rand, torch.randint, torch.linspace, torch.eye, torch.empty_strided, torch.as_tensor}
 
 
+# the correct kernels of ci/gpu-run.sh's presets step (one per library interface)
+GPU_RUN_PRESETS = [("tests/path_kernels.py:vllm_rows_correct", "vllm"),
+                   ("tests/preset_kernels.py:flashinfer_cache_correct", "flashinfer-cos-sin-cache"),
+                   ("tests/preset_kernels.py:pos_ids_correct", "flashinfer-pos-ids"),
+                   ("tests/path_kernels.py:flash_varlen_correct", "flash-attn"),
+                   ("tests/path_kernels.py:hf_rows_correct", "hf"),
+                   ("tests/path_kernels.py:te_rows_correct", "te"),
+                   ("tests/preset_kernels.py:megatron_correct", "megatron"),
+                   ("tests/serving_kernels.py:vllm_kv_correct", "vllm-kvcache"),
+                   ("tests/path_kernels.py:sglang_kv_slot0_correct", "sglang-kvcache")]
+
+
 def test_the_harness_names_the_device_of_every_tensor_it_makes():
     """ropecheck's own tensors do not depend on the default device: run in-process under
     `with torch.device("cuda")` (a user's test, torch.set_default_device), tensors made
@@ -212,10 +226,56 @@ def test_the_harness_names_the_device_of_every_tensor_it_makes():
             if prop.applies_to(target)[0]:
                 with Spy():
                     run_property(prop, target, "float32", RunOptions(profile="ci", max_examples=2, timeout=60))
-    # a preset's plan rows, its KV-cache checks and the size switches (the reference property carries them)
-    for kernel, api in (("vllm_rows_correct", "vllm"), ("sglang_kv_slot0_correct", "sglang-kvcache")):
+    # every preset's plan rows, KV-cache checks and size switches (the reference property
+    # carries them), with the kernels ci/gpu-run.sh's presets step calls on a GPU: theirs too
+    # must make every tensor on their input's device
+    harness += [str(ROOT / "tests" / name) for name in ("path_kernels.py", "preset_kernels.py", "serving_kernels.py")]
+    for kernel, api in GPU_RUN_PRESETS:
         with Spy():
-            report = ropecheck.check(f"tests/path_kernels.py:{kernel}", api=api, layout="half", in_process=True,
+            report = ropecheck.check(kernel, api=api, layout="half", in_process=True,
                                      dtypes="float32", properties="reference", max_examples=2, timeout=60)
         assert report.exit_status == 0, report
     assert not implicit, sorted(implicit)
+
+
+@pytest.mark.parametrize("kernel, verdict", [("hf_rows_correct", 0), ("hf_writes_around", 1)])
+def test_the_storage_around_a_view_is_read_where_the_target_wrote_it(monkeypatch, kernel, verdict):
+    """A preset's tensors are views into wider storage (padded rows, fused qkv), and what the
+    target wrote around them is read from its storage. Copied off a device, a view is its
+    elements alone: on an H200 every padded or qkv-slice call through hf, flash-attn,
+    megatron and te ended the worker (storages of two sizes compared). Here the host copy
+    is made as a device's is (a clone: the view's elements, compact)."""
+    from ropecheck.calling import execution
+
+    def as_off_a_device(value):
+        return value.clone() if isinstance(value, torch.Tensor) else devices.to_host(value)
+
+    monkeypatch.setattr(execution, "to_host", as_off_a_device)
+    report = ropecheck.check(f"tests/path_kernels.py:{kernel}", api="hf", layout="half", in_process=True,
+                             dtypes="float32", properties="contract", timeout=60)
+    assert report.exit_status == verdict, report
+    if verdict:
+        (failed,) = [r for r in report.results if r.status == "failed"]
+        assert "wrote outside the tensors it was given" in failed.message, failed.message
+
+
+def test_an_error_of_ropecheck_s_own_in_the_worker_is_an_internal_error(tmp_path):
+    """ropecheck's code around a call failing in the worker (the storage comparison above,
+    on an H200) is ropecheck's error (exit status 2, "internal error"), as in-process,
+    not a crash of the target's. Planted by a target module that breaks that code in the
+    process that imports it: the worker."""
+    from tests.test_cli import check
+
+    planted = tmp_path / "breaks_ropecheck.py"
+    planted.write_text(
+        "import ropecheck.calling.execution as execution\n"
+        "from tests.path_kernels import hf_rows_correct as rope  # noqa: F401\n\n\n"
+        "def _broken(original, copy):\n"
+        "    raise RuntimeError('storages of two sizes compared')\n\n\n"
+        "execution._written_outside = _broken\n"
+    )
+    result = check(f"{planted}:rope", "--api", "hf", "--layout", "half", "--dtype", "float32",
+                   "--property", "contract", "--max-examples", "2")
+    assert result.exit_code == 2, result.output
+    assert "internal error" in result.output and "storages of two sizes compared" in result.output, result.output
+    assert "the target ended the process" not in result.output

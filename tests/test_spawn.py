@@ -179,3 +179,19 @@ def test_a_compile_run_s_worker_warms_torch_compile_while_ropecheck_starts(argv,
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
     assert f"loaded with the compiler: {warmed}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def raising_entry(fd: int, crash_log: str) -> None:
+    """A worker's loop with a bug of ropecheck's own (tests fork it in place of serve)."""
+    raise ValueError("storages of two sizes compared")
+
+
+def test_an_exception_that_escapes_the_worker_s_loop_is_its_last_output(zygote):
+    """Found on an H200: an error of ropecheck's own code in the worker (outside the
+    target's call) ended it with exit status 0 and no word; it is now exit status 1 with
+    the traceback in the worker's output, which the crash finding quotes."""
+    started = spawn.fork(f"{__name__}:raising_entry")
+    assert started is not None
+    assert started.proc.wait(timeout=10) == 1
+    assert "ValueError: storages of two sizes compared" in Path(started.output_log).read_text()
+    _stop(started)

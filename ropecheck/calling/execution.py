@@ -115,7 +115,8 @@ def _written_outside(original: torch.Tensor, copy: torch.Tensor) -> Optional[str
         return None  # the view is its whole storage
     before, after = _storage_values(original), _storage_values(copy)
     inside = torch.zeros(before.numel(), dtype=torch.bool, device=before.device)
-    index = torch.arange(before.numel(), device=before.device).as_strided(original.shape, original.stride(), original.storage_offset())
+    index = torch.arange(before.numel(), device=before.device)
+    index = index.as_strided(original.shape, original.stride(), original.storage_offset())
     inside[index.reshape(-1)] = True
     changed = ~inside & ~((before == after) | (before.isnan() & after.isnan()))
     if not bool(changed.any()):
@@ -268,12 +269,13 @@ class Execution:
         if inplace:
             if not (isinstance(output, torch.Tensor) and torch.equal(copy, output)):
                 outcome.violations.append(("inplace", "declared in-place, but the input does not hold the output"))
-        elif not torch.equal(copy := to_host(copy), original):
+        elif not torch.equal(held := to_host(copy), original):
             outcome.violations.append(
-                ("mutated", f"the target modified its input x in place ({_first_change(original, copy)})")
+                ("mutated", f"the target modified its input x in place ({_first_change(original, held)})")
             )
         # a library interface's tensors are views into wider storage (fused qkv, padded
-        # heads, MLA's slices): what is around them is not the target's to write
+        # heads, MLA's slices): what is around them is not the target's to write. Read from
+        # the tensor the target had: a view copied off a device is its elements alone
         outside = _written_outside(original, copy) if form is not None and form.api else None
         if outside:
             outcome.violations.append(("outside-view", outside))

@@ -64,6 +64,14 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Internal:
+    """ropecheck's own code failed in the worker, around the target's call (not the
+    target's doing): ``message`` says where."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Done:
     """A call's outcome."""
 

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -320,10 +321,16 @@ def _zygote_loop(sock: socket.socket, preload: tuple) -> None:
                 # was at the fork (a test session's capture, a buffer holding ropecheck's output)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
+                code = 0
                 try:
                     (resolve(request[2]) if request[2] else serve)(fds[0], request[1])
+                except BaseException:  # escaped the worker's own handling: said in its output,
+                    code = 1  # which ropecheck shows with the process's end ("its last output")
+                    traceback.print_exc()
                 finally:
-                    os._exit(0)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
             running.add(pid)
             for fd in fds:
                 os.close(fd)

@@ -41,7 +41,7 @@ import torch
 
 from ropecheck.calling import memory, modes, quiet, sanitizer, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
-from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Load, Loaded, Warm, dumps
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Internal, Load, Loaded, Warm, dumps
 from ropecheck.properties.core.contract import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
@@ -135,7 +135,11 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
 
     def on_call(message: Call) -> bool:
         state["spin"] = message.spin
-        outcome = state["execution"].run(message.request)
+        try:
+            outcome = state["execution"].run(message.request)
+        except Exception as exc:  # ropecheck's code around the call (the target's errors are outcomes)
+            reply(Internal(describe_exception(exc)))
+            return True
         poisoned = outcome.error is not None and _CUDA_FAULT.search(outcome.error[1])
         if poisoned:
             outcome.error = (
@@ -356,6 +360,8 @@ class Worker:
         reply = self.current.receive(request.timeout, during="during the call")
         if isinstance(reply, Failed):
             return Outcome(error=("type", reply.message))
+        if isinstance(reply, Internal):  # as in-process: an internal error, not the target's
+            raise RuntimeError(f"in the target's worker process: {reply.message}")
         outcome = Outcome(error=("crashed", reply.message)) if isinstance(reply, Crashed) else reply.outcome
         found = sanitizer_reports.findings(self.current.new_sanitizer_reports())
         if found:  # memory the kernels of this call read or wrote without owning it
