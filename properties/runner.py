@@ -266,13 +266,15 @@ def run_property(
     def attempt(drawn):
         run_check(drawn, prop.check)
 
-    def run_check(drawn, check):
+    def run_check(drawn, check, predicted: float = 0.0):
+        """``predicted``: the seconds a call on this input is expected to take at the
+        target's measured speed (a size switch input), which its time limit allows for."""
         if seen.budget_spent():
             raise _ShrinkBudgetSpent()
         case, extras = drawn
         seen.count += 1
         ctx.rope.case = case  # its q/k split and sequences shape the calls on its tensors
-        ctx.rope.timeout = call_time_limit(options.timeout, case)
+        ctx.rope.timeout = call_time_limit(options.timeout, case, predicted)
         try:
             error = check(ctx, case, **extras)
         except TargetHung as hung:
@@ -383,10 +385,16 @@ def _run(
 DRAWN_ELEMENTS = 2**16
 
 
-def call_time_limit(timeout: Optional[float], case) -> Optional[float]:
+def call_time_limit(timeout: Optional[float], case, predicted: float = 0.0) -> Optional[float]:
+    """One call's time limit: ``timeout`` scaled by the input's size past the drawn ones,
+    and at least SLACK times the ``predicted`` seconds (the target's measured speed: a slow
+    target on a busy machine is slow, not hung)."""
     if not timeout:
         return timeout
-    return timeout * max(1.0, float(np.prod(case.shape)) / DRAWN_ELEMENTS)
+    return max(timeout * max(1.0, float(np.prod(case.shape)) / DRAWN_ELEMENTS), SLACK * predicted)
+
+
+SLACK = 4.0  # a call's time limit over its predicted time
 
 
 # Seconds the size switch inputs of one property and dtype may take (at the rate the first
@@ -414,12 +422,14 @@ def _size_switches(
     spent = 0.0
 
     def fails(case, **extras):
-        ctx.rope.case, ctx.rope.timeout = case, call_time_limit(options.timeout, case)
+        predicted = rate * float(np.prod(case.shape))
+        ctx.rope.case, ctx.rope.timeout = case, call_time_limit(options.timeout, case, predicted)
         prop.check(ctx, case, **extras)
 
     sizes, result.untried = prop.size_inputs(ctx)
     for size in sizes:
-        if not size.always and spent + rate * size.elements > budget:
+        predicted = rate * size.elements
+        if not size_tried(size.always, predicted, spent, budget, options.timeout):
             result.untried = "; ".join(
                 filter(
                     None,
@@ -434,7 +444,7 @@ def _size_switches(
             return
         start = time.perf_counter()
         try:
-            run_check((size.case, size.extras(size.case)), prop.check)
+            run_check((size.case, size.extras(size.case)), prop.check, predicted)
         except (CheckFailure, CallError):
             found = size_switches.boundary(size, fails, passed.get(size.kind, 0))
             if found is None:
@@ -445,6 +455,16 @@ def _size_switches(
         took = time.perf_counter() - start
         spent, rate = spent + took, max(rate, took / max(size.elements, 1))
         passed[size.kind] = size.count
+
+
+def size_tried(always: bool, predicted: float, spent: float, budget: float, timeout: Optional[float]) -> bool:
+    """Whether a size switch input is tried: the first ones (``always``) whatever the
+    budget, unless one call alone is predicted to take over half a call's time limit (a
+    kernel under an interpreter); the others while the ``predicted`` seconds fit what is
+    left of the ``budget``."""
+    if always and not (timeout and predicted > timeout / 2):
+        return True
+    return spent + predicted <= budget
 
 
 def _switch_failure(found) -> CheckFailure:
