@@ -459,10 +459,10 @@ def _size_switches(
 
 def size_tried(always: bool, predicted: float, spent: float, budget: float, timeout: Optional[float]) -> bool:
     """Whether a size switch input is tried: the first ones (``always``) whatever the
-    budget, unless one call alone is predicted to take over half a call's time limit (a
-    kernel under an interpreter); the others while the ``predicted`` seconds fit what is
-    left of the ``budget``."""
-    if always and not (timeout and predicted > timeout / 2):
+    budget, unless one call alone is predicted to take over an eighth of a call's time
+    limit (a kernel under an interpreter, whose time per element also grows with the
+    input); the others while the ``predicted`` seconds fit what is left of the ``budget``."""
+    if always and not (timeout and predicted > timeout / 8):
         return True
     return spent + predicted <= budget
 

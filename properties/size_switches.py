@@ -36,7 +36,7 @@ from ropecheck.properties.inputs.strategies import partial_head_dims
 
 # token x head counts an input crosses (the switch points of production kernels); those up to
 # ALWAYS are tried in every run whatever the time budget (10240, the best known, among them),
-# unless one call is predicted to take over half a call's time limit (the runner decides)
+# unless one call is predicted to take over an eighth of a call's time limit (the runner decides)
 TOKEN_HEADS = (2**13, 10240, 2**14, 2**15 + 1, 2**16, 2**17 + 8)
 ALWAYS = 2**14
 HEADS = 8  # heads of a token x head input: q 6 and k 2 in the (q, k) form
@@ -78,7 +78,7 @@ class SizeInput:
     @property
     def always(self) -> bool:
         """Tried in every run, whatever the time budget (the token x head counts up to ALWAYS;
-        the runner still leaves out one a call of which would take half a call's time limit)."""
+        the runner still leaves out one a call of which would take an eighth of a call's time limit)."""
         return (
             self.unit == "tokens"
             and self.kind.endswith("token-heads")
