@@ -58,6 +58,7 @@ class TargetHung(BaseException):
     def __init__(self, seconds: float, message: str = ""):
         super().__init__(message or f"the target did not return within {seconds:g} s")
         self.seconds = seconds
+        self.case = ""  # the input it hung on, described (set by the runner)
 
 
 class CallError(Exception):
