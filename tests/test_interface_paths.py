@@ -177,7 +177,7 @@ def test_a_size_switch_input_is_tried_and_timed_by_the_target_s_speed():
     from ropecheck.properties.runner import SLACK, call_time_limit, size_tried
 
     assert size_tried(True, predicted=0.5, spent=10.0, budget=3.0, timeout=20.0)  # over the budget: still tried
-    assert not size_tried(True, predicted=3.0, spent=0.0, budget=3.0, timeout=20.0)  # a call too slow
+    assert not size_tried(True, predicted=3.5, spent=0.0, budget=3.0, timeout=20.0)  # a call too slow
     assert size_tried(True, predicted=25.0, spent=0.0, budget=3.0, timeout=0)  # no time limit
     assert not size_tried(False, predicted=2.0, spent=2.0, budget=3.0, timeout=20.0)
     assert size_tried(False, predicted=1.0, spent=2.0, budget=3.0, timeout=20.0)
