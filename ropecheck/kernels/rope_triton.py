@@ -87,10 +87,19 @@ def _rotate_heads(
     INTERLEAVED: tl.constexpr,
     COPY_TAIL: tl.constexpr,
     F64: tl.constexpr,
+    ALIGNED: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):
-    """Rotate every head of the program's tokens: x (.., heads, head_dim) -> o."""
+    """Rotate every head of the program's tokens: x (.., heads, head_dim) -> o. ALIGNED:
+    the batch, token and head strides came divided by 16 (all are multiples of 16)."""
+    if ALIGNED:  # multiplied back here, so that the compiler knows them to be multiples of 16
+        sxb = sxb * 16
+        sxs = sxs * 16
+        sxh = sxh * 16
+        sob = sob * 16
+        sos = sos * 16
+        soh = soh * 16
     rows = rows.to(tl.int64)
     tok_x = (b * sxb + rows * sxs)[:, None, None]
     tok_o = (b * sob + rows * sos)[:, None, None]
@@ -132,7 +141,20 @@ def _rotate_heads(
                 tl.store(o_row + (d * sod)[None, None, :], tail, mask=tail_mask)
 
 
-@triton.jit
+# Integers that need not specialize the compiled kernel. Triton compiles a kernel for each
+# class of every integer argument (divisible by 16, equal to 1, other): left to specialize,
+# the positions' offset, the sequence length, the head counts, the direction (sign) and the
+# strides multiply the kernels a run compiles (a second or more each on a GPU) by every
+# shape and layout a check draws. What the compiler needs of the strides to emit vector
+# loads and stores, that they are multiples of 16, is one constexpr (ALIGNED: the launcher
+# then passes them divided by 16); the feature strides (1: the features are contiguous),
+# the pair count (where the second half starts) and the head size (the tail copy's mask)
+# keep their classes.
+_STRIDES = tuple(f"s{t}{d}" for t in ("q", "qo", "k", "ko") for d in ("b", "s", "h"))
+DO_NOT_SPECIALIZE = ("offset", "seqlen", "n_heads_q", "n_heads_k", "spb", "sps", "sign") + _STRIDES
+
+
+@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def rope_kernel(
     q_ptr,
     k_ptr,
@@ -167,7 +189,7 @@ def rope_kernel(
     skod,
     spb,
     sps,
-    SIGN: tl.constexpr,
+    sign,
     INTERLEAVED: tl.constexpr,
     HAS_K: tl.constexpr,
     EXPLICIT_POSITIONS: tl.constexpr,
@@ -175,6 +197,7 @@ def rope_kernel(
     VARLEN: tl.constexpr,
     COPY_TAIL: tl.constexpr,
     F64: tl.constexpr,
+    ALIGNED: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
@@ -203,7 +226,7 @@ def rope_kernel(
     p = tl.arange(0, BLOCK_P)
     pmask = p < n_pairs
     cos, sin = _cos_sin(m, theta_ptr, consts_ptr, p, pmask, n_pairs)
-    sin = sin * SIGN
+    sin = sin * sign  # 1: the rotation by m; -1: by -m (the backward pass)
     _rotate_heads(
         q_ptr,
         qo_ptr,
@@ -228,6 +251,7 @@ def rope_kernel(
         INTERLEAVED,
         COPY_TAIL,
         F64,
+        ALIGNED,
         BLOCK_HQ,
         BLOCK_TAIL,
     )
@@ -256,6 +280,7 @@ def rope_kernel(
             INTERLEAVED,
             COPY_TAIL,
             F64,
+            ALIGNED,
             BLOCK_HK,
             BLOCK_TAIL,
         )
@@ -264,6 +289,8 @@ def rope_kernel(
 # Elements of one (tokens x heads x pairs) tile: large enough to keep memory busy,
 # small enough for registers.
 TILE_PAIRS = 2048
+HEAD_BLOCK = 8  # heads rotated together (a loop over blocks of them)
+TAIL_BLOCK = 64  # features past the rotary ones copied together (partial rotary, out of place)
 
 
 # No fused multiply-adds: each product and sum rounds once, as the error model above and the
@@ -290,14 +317,27 @@ def launch(
     sequences = cu_seqlens.numel() - 1 if varlen else batch
     longest = max_seqlen if varlen else seqlen
     block_p = _pow2(n_pairs)
-    block_h = min(_pow2(max(n_heads_q, n_heads_k)), max(1, TILE_PAIRS // block_p))
-    block_t = min(_pow2(longest), max(1, TILE_PAIRS // (block_h * block_p)))
+    # heads in blocks of HEAD_BLOCK (or fewer where a pair block is wider), whatever the
+    # head counts (masked past the last head): block sizes from the counts would make each
+    # drawn count class a kernel of its own
+    block_h = min(HEAD_BLOCK, max(1, TILE_PAIRS // block_p))
+    # the tile's tokens, whatever the sequence's length (masked past its end): a block size
+    # from the length would make every drawn length class a kernel of its own
+    block_t = max(1, TILE_PAIRS // (block_h * block_p))
     copy_tail = head_dim > 2 * n_pairs and q_out.data_ptr() != q.data_ptr()
     dummy = theta  # any tensor for unused pointer arguments
     k_, ko_ = (k, k_out) if k is not None else (q, q_out)
     pos_strides = (0 if varlen else positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     offset_tensor = isinstance(offsets, torch.Tensor)
     grid = (triton.cdiv(max(longest, 1), block_t), sequences)
+    strides = [
+        stride
+        for t in (q, q_out, k_, ko_)
+        for stride in (0 if varlen else t.stride(0), t.stride(1), t.stride(2), t.stride(3))
+    ]
+    aligned = all(stride % 16 == 0 for i, stride in enumerate(strides) if i % 4 != 3)
+    if aligned:  # the batch, token and head strides as multiples of 16 (rope_kernel's ALIGNED)
+        strides = [stride if i % 4 == 3 else stride // 16 for i, stride in enumerate(strides)]
     rope_kernel[grid](
         q,
         k_,
@@ -314,12 +354,9 @@ def launch(
         n_heads_k,
         head_dim,
         n_pairs,
-        *(0 if varlen else q.stride(0), *q.stride()[1:]),
-        *(0 if varlen else q_out.stride(0), *q_out.stride()[1:]),
-        *(0 if varlen else k_.stride(0), *k_.stride()[1:]),
-        *(0 if varlen else ko_.stride(0), *ko_.stride()[1:]),
+        *strides,
         *pos_strides,
-        SIGN=sign,
+        sign,
         INTERLEAVED=interleaved,
         HAS_K=k is not None,
         EXPLICIT_POSITIONS=positions is not None,
@@ -327,10 +364,11 @@ def launch(
         VARLEN=varlen,
         COPY_TAIL=copy_tail,
         F64=q.dtype == torch.float64,
+        ALIGNED=aligned,
         BLOCK_T=block_t,
-        BLOCK_HQ=min(block_h, _pow2(n_heads_q)),
-        BLOCK_HK=min(block_h, _pow2(max(n_heads_k, 1))),
+        BLOCK_HQ=block_h,
+        BLOCK_HK=block_h,
         BLOCK_P=block_p,
-        BLOCK_TAIL=min(_pow2(head_dim - 2 * n_pairs), 128),
+        BLOCK_TAIL=TAIL_BLOCK if copy_tail else 1,
         enable_fp_fusion=FP_FUSION,
     )
