@@ -85,11 +85,21 @@ class Result:
     untried: str = ""
     # the whole failing input (the JSON record's: the printed counterexample abridges it)
     input: dict = field(default_factory=dict)
+    # the Triton kernels its calls launched (``ropecheck.calling.launches.Recorded``): the
+    # specializations a GPU compiles for them, and on a GPU those it compiled and their time
+    launches: Any = None
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "max_error": json_number(self.max_error)}
         out.pop("signature")
         out.pop("paths")
+        out.pop("launches")
+        if self.launches:
+            out["launches"] = {
+                "specializations": self.launches.count,
+                "compiled": self.launches.compiled,
+                "compile_seconds": round(self.launches.compile_seconds, 3),
+            }
         return out
 
 
@@ -323,6 +333,7 @@ def run_property(
             result.diagnosis = _likely_cause(ctx)
     result.seconds = time.perf_counter() - start
     result.paths = sorted(getattr(ctx.rope, "paths", ()))
+    result.launches = getattr(ctx.rope, "launches", None)
     return result
 
 

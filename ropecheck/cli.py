@@ -130,7 +130,7 @@ def check(options):
 
     console.print(results_table(session))
     print_failures(console, session)
-    print_notes(console, session)
+    print_notes(console, session, debug=options.debug)
     try:
         gate.print_comparison(console, gate.judge(session, loaded))
     except UsageError as exc:

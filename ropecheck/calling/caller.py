@@ -16,6 +16,7 @@ import torch
 
 from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
+from ropecheck.calling.launches import Recorded
 from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.core.contract import CallError
 
@@ -109,6 +110,7 @@ class Caller:
         self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
         self.paths: set = set()  # the classes of its interface's argument values each call had
+        self.launches = Recorded()  # the Triton specializations its calls launched
 
     def form(self, x: torch.Tensor, case=None, table_sign: int = 1) -> Optional[Form]:
         """How a call on x goes to the target: the case's split where x is the case's
@@ -173,6 +175,8 @@ class Caller:
         outcome = self.executor.run(request)
         if outcome.classes:
             self.paths.add(tuple(outcome.classes.items()))
+        if outcome.launches:
+            self.launches.add(outcome.launches)
         if outcome.error is not None:
             raise CallError(*outcome.error)
         return outcome

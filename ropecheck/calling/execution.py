@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.overrides import has_torch_function
 
-from ropecheck.calling import api_call, context_parallel, modes
+from ropecheck.calling import api_call, context_parallel, launches, modes
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong
 
@@ -75,6 +75,7 @@ class Outcome:
     state_changes: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # (message, count): what torch.compile warned of
     classes: dict = field(default_factory=dict)  # a call through an interface: factor -> the class it had
+    launches: Optional[launches.Recorded] = None  # the Triton specializations it launched (``launches``)
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -297,7 +298,8 @@ class Execution:
         pos = place(positions)
         with state_guard(outcome.state_changes):
             try:
-                out, returned = _invoke(self.in_mode(mode), copies, pos, form, outcome.classes)
+                with launches.recording() as outcome.launches:
+                    out, returned = _invoke(self.in_mode(mode), copies, pos, form, outcome.classes)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -371,7 +373,8 @@ class Execution:
         with state_guard(outcome.state_changes):
             torch.set_grad_enabled(True)
             try:
-                y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form, outcome.classes)
+                with launches.recording() as outcome.launches:
+                    y, _ = _invoke(self.in_mode(mode), (arg,), place(positions), form, outcome.classes)
             except ReturnedWrong as wrong:
                 outcome.error = (wrong.kind, str(wrong))
                 return outcome
@@ -394,7 +397,9 @@ class Execution:
                 outcome.error = ("backward", why)
                 return outcome
             try:
-                (g,) = _grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private)
+                with launches.recording() as backward:
+                    (g,) = _grad(y, leaf, private.to(y.dtype) if private.dtype != y.dtype else private)
+                outcome.launches.add(backward)
             except (Exception, SystemExit) as exc:
                 outcome.error = ("backward", f"backward raised {describe_exception(exc)}")
                 return outcome

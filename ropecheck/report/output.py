@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ropecheck.calling import modes as run_modes
+from ropecheck.calling.launches import Recorded
 from ropecheck.session.session import column_label
 
 SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
@@ -160,10 +161,54 @@ def support_notes(session) -> dict[str, list[str]]:
     return out
 
 
-def print_notes(console: Console, session) -> None:
+def launches_dict(session) -> dict:
+    """The Triton specializations the run's checks launched (the kernels a GPU compiles for
+    it: ``ropecheck.calling.launches``), per dtype and per kernel, and on a device those
+    Triton compiled and the seconds their launches took ({} without a Triton kernel)."""
+    recorded = session.launches()
+    if not recorded:
+        return {}
+    kernels = {}
+    for name, keys in sorted(recorded.keys.items()):
+        per = Recorded(keys={name: keys})
+        kernels[name] = per.by_dtype()
+    return {
+        "specializations": recorded.count,
+        "by_dtype": recorded.by_dtype(),
+        "kernels": kernels,
+        "compiled": recorded.compiled,
+        "compile_seconds": round(recorded.compile_seconds, 3),
+        **({"unkeyed": dict(recorded.unkeyed)} if recorded.unkeyed else {}),
+    }
+
+
+def launches_line(session) -> str:
+    """The Triton specializations of the run in one line ("" for a target that launched no
+    Triton kernel)."""
+    launched = launches_dict(session)
+    if not launched:
+        return ""
+    kernels = sorted(name.rsplit(".", 1)[-1] for name in launched["kernels"])
+    per = ", ".join(f"{dtype} {n}" for dtype, n in launched["by_dtype"].items())
+    line = (
+        f"Triton specializations (the kernels a GPU compiles for this run): {launched['specializations']} "
+        f"({per}; {', '.join(kernels[:4])}{', ...' if len(kernels) > 4 else ''})"
+    )
+    if launched["compiled"]:
+        line += (
+            f"; compiled on the device: {launched['compiled']}, "
+            f"the launches that compiled took {launched['compile_seconds']:.1f} s"
+        )
+    return line
+
+
+def print_notes(console: Console, session, debug: bool = False) -> None:
     paths = coverage_line(session)
     if paths:
         console.print(f"\n{paths}", markup=False, soft_wrap=True, highlight=False)
+    launched = launches_line(session)
+    if launched and (debug or session.launches().compiled):
+        console.print(launched, markup=False, soft_wrap=True, highlight=False)
     untried: dict = {}
     for r in session.results:  # the size switch inputs a run left out, once each
         if r.untried:
@@ -227,6 +272,7 @@ def session_dict(session) -> dict:
         "environment": environment(),
         "results": [r.to_dict() for r in session.results],
         "interface_paths": {label: c.to_dict() for label, c in session.interface_coverage().items()},
+        "triton_launches": launches_dict(session),
         **({"baseline": session.comparison.to_dict()} if session.comparison is not None else {}),
     }
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ropecheck.calling import modes as run_modes
+from ropecheck.calling.launches import Recorded
 from ropecheck.properties import position_range
 from ropecheck.properties.core.contract import TargetHung
 from ropecheck.properties.core.dtypes import torch_dtype
@@ -40,6 +41,7 @@ def probe_position_range(target: Target, dtype: str, run: RunOptions, reproduce:
     caller = target.caller(run.timeout)
     limit = min(MAX_POSITION, target.max_position or MAX_POSITION)
     found = position_range.find_limit(lambda m: caller(x, torch.tensor([[m]], dtype=torch.int64, device="cpu")), limit)
+    result.launches = getattr(caller, "launches", None)
     if found is None:
         return result, target
     at, why = found
@@ -281,6 +283,16 @@ class Session:
         for dtype, mode in self.columns:
             rows = [dict(path) for r in self.results if (r.dtype, r.mode) == (dtype, mode) for path in r.paths]
             out[column_label(dtype, mode)] = interface.space.coverage(rows)
+        return out
+
+    def launches(self) -> Recorded:
+        """The Triton launches of every check of the run (``ropecheck.calling.launches``):
+        the specializations a GPU compiles for it, whichever column made them (one process
+        compiles each once); empty for a target that launched no Triton kernel."""
+        out = Recorded()
+        for r in self.results:
+            if r.launches:
+                out.add(r.launches)
         return out
 
     @property

@@ -1,0 +1,97 @@
+"""The Triton specializations a run launches (``ropecheck.calling.launches``), counted on
+CPU with Triton's own binder as a GPU compiles them; and the bound the project's kernel
+keeps (issue 44: at most 16 per dtype at the ci profile)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ropecheck.calling import launches
+from ropecheck.kernels.triton_env import triton_missing
+
+requires_triton = pytest.mark.skipif(bool(triton_missing()), reason=str(triton_missing()))
+
+
+@pytest.fixture(scope="module")
+def scale_kernel():
+    """A small kernel: y = x * factor over n elements, BLOCK a constexpr."""
+    from ropecheck.kernels.triton_env import import_triton
+
+    triton = import_triton()
+    tl = triton.language
+
+    @triton.jit
+    def scale(x_ptr, y_ptr, n, factor, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * factor, mask=i < n)
+
+    def run(x, block=16):
+        y = torch.empty_like(x)
+        scale[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), 2.0, BLOCK=block)
+        return y
+
+    return run
+
+
+@requires_triton
+def test_a_launch_s_key_is_its_specialization(scale_kernel):
+    """Integers in another class (1, a multiple of 16, other), another constexpr or dtype,
+    an unaligned pointer: another kernel; the same classes: the same one."""
+    with launches.recording() as recorded:
+        for n in (17, 23):  # one class: neither 1 nor a multiple of 16
+            scale_kernel(torch.ones(n))
+    assert recorded.count == 1 and recorded.by_dtype() == {"float32": 1}
+    with launches.recording() as recorded:
+        scale_kernel(torch.ones(17))
+        scale_kernel(torch.ones(32))  # n divisible by 16
+        scale_kernel(torch.ones(1))  # n == 1: a constant
+        scale_kernel(torch.ones(17), block=32)  # another constexpr
+        scale_kernel(torch.ones(17, dtype=torch.float64))  # another dtype
+        scale_kernel(torch.ones(18)[1:])  # x at an address 4 bytes past an aligned one
+    assert recorded.count == 6
+    assert recorded.by_dtype() == {"float32": 5, "float64": 1}
+    [name] = recorded.keys
+    assert name.endswith("scale")
+
+
+@requires_triton
+def test_recordings_nest_and_cost_nothing_outside_one(scale_kernel):
+    scale_kernel(torch.ones(5))  # no recording open: nothing kept anywhere
+    with launches.recording() as outer:
+        scale_kernel(torch.ones(5))
+        with launches.recording() as inner:
+            scale_kernel(torch.ones(32))
+    assert outer.count == 2 and inner.count == 1
+
+
+def test_a_target_without_triton_records_nothing():
+    with launches.recording() as recorded:
+        torch.ones(3) * 2
+    assert not recorded and recorded.count == 0
+
+
+@requires_triton
+def test_the_run_reports_its_specializations(tmp_path):
+    """The JSON record (per dtype, per kernel) and --debug's line; the project's kernel
+    stays within the bound of issue 44 (16 per dtype at the ci profile). A change that
+    makes a block size or an integer class follow the drawn shapes multiplies it (120 in
+    bfloat16 before the kernel stopped specializing on them)."""
+    report = tmp_path / "triton-qk.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ropecheck", "check", "triton-qk", "--profile", "ci", "--dtype", "bfloat16",
+         "--max-examples", "12", "--json", str(report), "--debug"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    launched = json.loads(report.read_text())["triton_launches"]
+    assert launched["kernels"] and all(n.endswith("rope_kernel") for n in launched["kernels"])
+    assert 0 < launched["by_dtype"]["bfloat16"] <= 16, launched
+    assert launched["specializations"] == sum(launched["by_dtype"].values())
+    assert launched["compiled"] == 0  # interpreted: nothing compiled here
+    line = next(line for line in done.stdout.splitlines() if line.startswith("Triton specializations"))
+    assert f"bfloat16 {launched['by_dtype']['bfloat16']}" in line and "rope_kernel" in line
