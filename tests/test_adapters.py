@@ -38,6 +38,11 @@ def test_adapter_agrees_with_reference_or_says_why_not(name):
         pytest.skip(why)
     target = load(name)
     reference = PROPERTIES["reference"]
+    if name in SLOW:
+        # the size switch inputs (2^13 token x heads and up) took three quarters of an
+        # interpreted adapter's test (180 s of liger-kernel's under load): the switches are
+        # the kernels' own, checked on GPUs and by tests/test_interface_paths.py
+        reference = replace(reference, size_switches=False)
     if name in SLOW and name not in LARGE_INPUTS_ON:
         reference = replace(reference, large=0)  # its kernel had them in LARGE_INPUTS_ON's test
     options = RunOptions(profile="ci", max_examples=2, timeout=300) if name in SLOW else QUICK
