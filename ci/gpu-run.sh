@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # ci/gpu-run.sh [--rehearse] [--quick] [--steps NAME,...] OUT_DIR
 #
-# The GPU campaign in one command, on a CUDA machine, in at most 25 minutes (GPU_RUN_BUDGET
-# seconds, default 1500): install the wheels brought along (WHEELS, default .whl/: see
-# ci/gpu-wheels.sh), the execution envelope, the project kernel's tests compiled (not
-# interpreted), every library interface (--api) called on the device with a kernel in its
-# signature (tests/path_kernels.py ...), the kernel compiled ahead of time, `ropecheck check` over every GPU target
-# (--device cuda, --profile ci, modes eager / compile / cudagraph, bf16 and fp16; the
-# project's kernel at --profile production last),
-# compute-sanitizer on the planted kernels and `triton`, the GPU benchmarks with their
-# copy baseline (pytest-benchmark JSON), and the report: OUT_DIR/docs/report-gpu/
-# (report.md, report.json, benchmarks.md, aot.md, commands.md), ready to be copied into
-# the repository.
+# The GPU campaign in one command, on a CUDA machine, within one device call of at most 9
+# minutes (GPU_RUN_BUDGET seconds, default 540): the steps in the order of their worth, each
+# in a time box set from the earlier GPU runs' figures (docs/gpu.md) and cut to what the
+# budget has left; a step that finds no time left is recorded as skipped.
 #
-# Every step runs under `timeout` (its own box, cut to what the budget has left), with its
-# output in OUT_DIR/logs/STEP.log; a failing step is recorded and the run goes on. The end:
-# a summary table (step, status, seconds) on stdout and in OUT_DIR/summary.md, and
-# OUT_DIR/gpu-run.tar.gz holding everything else in OUT_DIR (the device tool brings back at
-# most 8 files: fetch the tarball and summary.md).
+#   install            the wheels brought along (WHEELS, default .whl/: ci/gpu-wheels.sh)
+#   envelope           the machine, its libraries, a device-to-device copy's bandwidth
+#   kernel-tests       the project kernel's tests, compiled (not interpreted)
+#   sanitize-*         --sanitize (compute-sanitizer memcheck) on the two planted kernels
+#                      (memcheck must report them) and the project's kernel (clean)
+#   bench              the throughput benchmark with its copy baseline (pytest-benchmark JSON)
+#   checks-eager       `ropecheck check --device cuda --profile ci --dtype bfloat16` of every
+#                      GPU target, GPU_RUN_JOBS at a time: a row check-NAME-eager each
+#   check-triton-production  the project's kernel at --profile production
+#   checks-compile, checks-cudagraph   the same checks under torch.compile / CUDA graphs
+#   presets            every library interface (--api) called on the device
+#   bench-compiled, aot  HF's code under torch.compile benchmarked; the kernel compiled
+#                      ahead of time for sm_90a and sm_80
+#   report             always made: OUT_DIR/docs/report-gpu/ (report.md, report.json,
+#                      benchmarks.md, aot.md, commands.md), ready to be copied into the repository
+#
+# Every step runs under `timeout`, its output in OUT_DIR/logs/STEP.log; a failing step is
+# recorded and the run goes on. The end: a summary table (step, status, seconds) on stdout
+# and in OUT_DIR/summary.md, and OUT_DIR/gpu-run.tar.gz holding everything else in OUT_DIR;
+# both are copied to $OUT when the device tool set it (its files come back from there).
 #
 # --rehearse: the same steps on CPU, producing the same files: the Triton interpreter, the
 #   ci profile, --device cpu, eager mode only (compile and cudagraph need CUDA or take
@@ -27,11 +35,12 @@
 #   pytest-benchmark JSON, the float64 reference benchmark.
 # --quick: with --rehearse, the smallest run (tests/test_gpu_run.py): one target per kind
 #   of step, its reference property only, two examples.
-# --steps: run only these steps (comma-separated names or prefixes, e.g. install,check-triton).
+# --steps: run only these steps (comma-separated names or prefixes, e.g. install,checks-eager).
 #
 # Environment: PYTHON (the interpreter; default .venv/bin/python when rehearsing, else
 # python3), WHEELS (default .whl), SITE (where wheels install; default OUT_DIR/site when
-# rehearsing, /tmp/ropecheck-site otherwise), GPU_RUN_BUDGET (seconds).
+# rehearsing, /tmp/ropecheck-site otherwise), GPU_RUN_BUDGET (seconds, default 540),
+# GPU_RUN_JOBS (checks run side by side: default 4 on a GPU, 2 rehearsing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # run from inside a pytest-xdist worker (the project's tests rehearse this script under -n 2),
@@ -39,7 +48,7 @@ cd "$(dirname "$0")/.."
 unset PYTEST_XDIST_WORKER PYTEST_XDIST_WORKER_COUNT PYTEST_XDIST_TESTRUNUID
 repo=$(pwd)
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 rehearse=0
 quick=0
 only=""
@@ -137,6 +146,56 @@ for name in ('liger_kernel', 'flash_attn', 'flashinfer'):
             "$py" ci/gpu_report.py bench-table "$out"/bench/benchmark-*.json "$out/bench/benchmarks.md"
             if [ ! -s "$json" ]; then echo "no benchmark ran (pytest exit $rc)"; exit 1; fi
             exit $rc ;;
+        checks)
+            # checks OUT PY JOBS MODE BOX ENTRY...: `ropecheck check TARGET $CHECK_ARGS --mode
+            # MODE` of each ENTRY (name|target and its flags), JOBS at a time, each in a box of
+            # BOX seconds (cut to what this step's own box has left: GPU_RUN_LEFT), each a row
+            # check-NAME-MODE of steps.tsv, its JSON and JUnit in OUT/checks/
+            out=$1; py=$2; jobs=$3; mode=$4; box=$5; shift 5
+            read -ra common <<<"${CHECK_ARGS:-}"
+            deadline=$(( $(date +%s) + ${GPU_RUN_LEFT:-100000} - 5 ))
+            has_flashinfer=0
+            "$py" -c "import flashinfer" >/dev/null 2>&1 && has_flashinfer=1
+            status=0 running=0
+            row() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$out/steps.tsv"
+                    printf 'gpu-run: %-34s %-9s %5s s  %s\n' "$1" "$2" "$3" "$5"; }
+            for entry in "$@"; do
+                IFS='|' read -r name target <<<"$entry"
+                step_name=check-$name-$mode
+                if [ "$name" = flashinfer ] && [ $has_flashinfer = 0 ]; then
+                    row "$step_name" skipped 0 - "flashinfer is not installed (its wheel is not brought: see ci/gpu-wheels.sh)"
+                    continue
+                fi
+                left=$(( deadline - $(date +%s) ))
+                if [ $left -lt 15 ]; then
+                    row "$step_name" skipped 0 - "no time left in the step's box"
+                    continue
+                fi
+                this_box=$box
+                [ "$this_box" -gt "$left" ] && this_box=$left
+                # shellcheck disable=SC2086  # the target's words
+                cmd=("$py" -m ropecheck check $target "${common[@]}" --mode "$mode"
+                     --json "$out/checks/$name-$mode.json" --junit "$out/checks/$name-$mode.xml")
+                quoted=$(printf '%q ' "${cmd[@]}")
+                printf '%s\t%s\n' "$step_name" "${quoted% }" >>"$out/commands.tsv"
+                ( log=$out/logs/$step_name.log
+                  { echo "# ${quoted% }"; echo "# time box ${this_box} s"; } >"$log"
+                  begin=$SECONDS
+                  timeout -k 10 "$this_box" "${cmd[@]}" >>"$log" 2>&1 </dev/null
+                  rc=$?
+                  took=$((SECONDS - begin))
+                  case $rc in
+                      0) row "$step_name" passed "$took" 0 "" ;;
+                      124|137) row "$step_name" timeout "$took" "$rc" "stopped at its ${this_box} s box" ;;
+                      *) row "$step_name" failed "$took" "$rc" \
+                             "$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-160 | tr '\t' ' ')" ;;
+                  esac
+                  [ $rc = 0 ] ) &
+                running=$((running + 1))
+                if [ $running -ge "$jobs" ]; then wait -n || status=1; running=$((running - 1)); fi
+            done
+            while [ $running -gt 0 ]; do wait -n || status=1; running=$((running - 1)); done
+            exit $status ;;
         presets)
             # presets OUT PY JOBS CHECK_ARGS...: every library interface (--api) called with a
             # kernel in its signature (tests/path_kernels.py and the other test kernels), JOBS
@@ -188,8 +247,8 @@ if [ -z "$py" ]; then
 fi
 wheels=${WHEELS:-$repo/.whl}
 if [ $rehearse = 1 ]; then site=${SITE:-$out/site}; else site=${SITE:-/tmp/ropecheck-site}; fi
-budget=${GPU_RUN_BUDGET:-1500}
-reserve=45  # kept back for the report, the summary and the tarball
+budget=${GPU_RUN_BUDGET:-540}
+reserve=20  # kept back for the report, the summary and the tarball
 mkdir -p "$out/logs" "$out/checks" "$out/sanitizer" "$out/bench" "$out/docs/report-gpu"
 : >"$out/steps.tsv"
 : >"$out/commands.tsv"
@@ -229,11 +288,16 @@ step() {  # step NAME BOX_SECONDS COMMAND...: run it time-boxed, logged and reco
     local quoted
     quoted=$(printf '%q ' "$@")
     printf '%s\t%s\n' "$name" "${quoted% }" >>"$out/commands.tsv"
-    local log=$out/logs/$name.log begin=$SECONDS rc
+    local log=$out/logs/$name.log begin=$SECONDS rc rows
+    rows=$(wc -l <"$out/steps.tsv")
     { echo "# ${quoted% }"; echo "# time box ${box} s"; } >"$log"
-    timeout -k 15 "$box" "$@" >>"$log" 2>&1 </dev/null
+    GPU_RUN_LEFT=$box timeout -k 15 "$box" "$@" >>"$log" 2>&1 </dev/null
     rc=$?
     local took=$((SECONDS - begin))
+    # the rows a step of several checks recorded itself, said here too
+    tail -n +$((rows + 1)) "$out/steps.tsv" | while IFS=$'\t' read -r n st sec _ note; do
+        printf 'gpu-run: %-34s %-9s %5s s  %s\n' "$n" "$st" "$sec" "$note"
+    done
     case $rc in
         0) record "$name" passed "$took" 0 "" ;;
         124|137) record "$name" timeout "$took" "$rc" "stopped at its ${box} s box" ;;
@@ -264,27 +328,10 @@ kernel_tests=(-m pytest -q tests/test_triton_kernel.py -p no:cacheprovider -p no
 if [ $quick = 1 ]; then
     kernel_tests+=(-k "(matches_reference and float32 and half and None) or q_and_k_in_one_launch")
 fi
-step kernel-tests 240 "$py" "${kernel_tests[@]}"
+step kernel-tests 110 "$py" "${kernel_tests[@]}"
 
-# -- 4. every library interface (--api) on the device: its argument classes, conventions and
-# size switches made there (CUDA tensors from every draw), a planted size-switch bug among them
-if [ $rehearse = 1 ]; then
-    preset_args=(--device cpu --profile ci --dtype float32 --property reference --max-examples 2)
-    preset_jobs=2
-    [ $quick = 1 ] && preset_jobs=quick
-else
-    preset_args=(--device cuda --profile ci --dtype bfloat16)
-    preset_jobs=5
-fi
-step presets 150 "${self[@]}" --internal presets "$out" "$py" "$preset_jobs" "${preset_args[@]}"
-
-# -- 5. the kernel compiled ahead of time for sm_90a and sm_80 (the toolchain of this machine)
-aot_scope=ci
-[ $quick = 1 ] && aot_scope=main
-step aot 120 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
-    --markdown "$out/docs/report-gpu/aot.md"
-
-# -- 6. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean)
+# -- 4. the sanitizer: the two planted kernels (memcheck must report them) and `triton` (clean);
+# the reference property alone: memcheck reports a bad access at the first call that makes one
 planted=tests/gpu_kernels.py
 sanitized=("past_row_read|found|$planted:past_row_read --layout half|memcheck_past_row_read"
            "past_head_store|found|$planted:past_head_store --layout half|memcheck_past_head_store"
@@ -297,69 +344,75 @@ for entry in "${sanitized[@]}"; do
             "tests/data/sanitizer/$sample.txt"
     else
         # shellcheck disable=SC2086  # the target's words
-        step "sanitize-$name" 180 "${self[@]}" --internal sanitize "$name" "$expect" "$out" "$py" \
-            $target --device cuda --profile ci --dtype bfloat16 --max-examples 3 --timeout 120
+        step "sanitize-$name" 60 "${self[@]}" --internal sanitize "$name" "$expect" "$out" "$py" \
+            $target --device cuda --profile ci --dtype bfloat16 --property reference --max-examples 3 --timeout 50
     fi
 done
 
-# -- 7. the benchmarks, with the copy baseline
-step bench 300 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
-step bench-compiled 180 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
+# -- 5. the throughput benchmark, with the copy baseline
+step bench 75 "${self[@]}" --internal bench "$out" "$py" "$rehearse" main
 
-# -- 8. ropecheck check over every GPU target, one step per target and mode (a time box
-# that stops one keeps the others' records)
+# -- 6. ropecheck check over every GPU target, GPU_RUN_JOBS side by side, one row per target
+# and mode (a box that stops one keeps the others' records): eager, then the project's
+# kernel at production sizes, then compile and cudagraph
 if [ $rehearse = 1 ]; then
-    check_common=(--device cpu --profile ci --dtype float32)
-    [ $quick = 1 ] && check_common+=(--max-examples 2 --property reference)
-    modes=(eager)
+    check_args="--device cpu --profile ci --dtype float32"
+    [ $quick = 1 ] && check_args+=" --max-examples 2 --property reference"
+    jobs=${GPU_RUN_JOBS:-2}
 else
-    # the ci profile: at production sizes one target took over 240 s in two dtypes on the
-    # first H100 run (2026-11-25), and the sweep reached 5 of its 38 check steps; the project's
-    # kernel gets the production profile at the end (below)
-    check_common=(--device cuda --profile ci --dtype bfloat16,float16)
-    modes=(eager compile cudagraph)
+    check_args="--device cuda --profile ci --dtype bfloat16"
+    jobs=${GPU_RUN_JOBS:-4}
 fi
-# name|target and its flags|modes (default: all of $modes)|time box
-targets=("triton|triton||240"
-         "triton-interleaved|triton-interleaved --rotary-dim 64||180"
-         "triton-qk|triton-qk||240"
-         "triton-packed|triton-packed||180"
-         "liger-kernel|liger-kernel||180"
-         "flash-attn-rotary|flash-attn-rotary||150"
-         "flash-attn-rotary-offsets|flash-attn-rotary-offsets||150"
-         "flash-attn-rotary-interleaved|flash-attn-rotary-interleaved||120"
-         "flash-attn-rotary-inplace|flash-attn-rotary-inplace||120"
-         "flash-attn-rotary-interleaved-offsets|flash-attn-rotary-interleaved-offsets||120"
-         "flash-attn-rotary-interleaved-inplace|flash-attn-rotary-interleaved-inplace||120"
-         "hf-llama|hf-llama|eager compile|180"
-         "flashinfer|$planted:flashinfer_rope --layout half||150")
+export CHECK_ARGS=$check_args
+# name|target and its flags
+targets=("triton|triton"
+         "triton-qk|triton-qk"
+         "triton-packed|triton-packed"
+         "triton-interleaved|triton-interleaved --rotary-dim 64"
+         "liger-kernel|liger-kernel"
+         "flash-attn-rotary|flash-attn-rotary"
+         "flash-attn-rotary-offsets|flash-attn-rotary-offsets"
+         "flash-attn-rotary-interleaved|flash-attn-rotary-interleaved"
+         "flash-attn-rotary-inplace|flash-attn-rotary-inplace"
+         "flash-attn-rotary-interleaved-offsets|flash-attn-rotary-interleaved-offsets"
+         "flash-attn-rotary-interleaved-inplace|flash-attn-rotary-interleaved-inplace"
+         "hf-llama|hf-llama"
+         "flashinfer|$planted:flashinfer_rope --layout half")
 if [ $quick = 1 ]; then
-    targets=("triton|triton||120")
+    targets=("triton|triton")
 elif [ $rehearse = 1 ]; then
     # the interpreter runs the Triton libraries slowly; FlashInfer needs CUDA
-    targets=("${targets[0]}" "${targets[2]}" "${targets[3]}" "${targets[4]}" "${targets[5]}"
-             "${targets[11]}" "planted-past_row_read|$planted:past_row_read --layout half||120")
+    targets=("${targets[0]}" "${targets[1]}" "${targets[2]}" "${targets[4]}" "${targets[5]}"
+             "${targets[11]}" "planted-past_row_read|$planted:past_row_read --layout half")
 fi
-for mode_name in "${modes[@]}"; do
-    for entry in "${targets[@]}"; do
-        IFS='|' read -r name target target_modes box <<<"$entry"
-        [ -n "$target_modes" ] && [[ " $target_modes " != *" $mode_name "* ]] && continue
-        if [ "$name" = flashinfer ] && ! "$py" -c "import flashinfer" >/dev/null 2>&1; then
-            selected "check-$name-$mode_name" && record "check-$name-$mode_name" skipped 0 - \
-                "flashinfer is not installed (its wheel is not brought: see ci/gpu-wheels.sh)"
-            continue
-        fi
-        # shellcheck disable=SC2086
-        step "check-$name-$mode_name" "$box" "$py" -m ropecheck check $target "${check_common[@]}" \
-            --mode "$mode_name" --json "$out/checks/$name-$mode_name.json" \
-            --junit "$out/checks/$name-$mode_name.xml"
-    done
-done
-
+# each check's own box: the first H100 run's ci checks took 47 to 67 s on their own
+step checks-eager 200 "${self[@]}" --internal checks "$out" "$py" "$jobs" eager 90 "${targets[@]}"
 if [ $rehearse = 0 ]; then  # the project's kernel at production sizes (the input past 2^31 included)
-    step check-triton-production 420 "$py" -m ropecheck check triton --device cuda --profile production \
+    step check-triton-production 150 "$py" -m ropecheck check triton --device cuda --profile production \
         --dtype bfloat16 --json "$out/checks/triton-production.json" --junit "$out/checks/triton-production.xml"
+    compiled=("${targets[0]}" "${targets[1]}" "${targets[4]}" "${targets[5]}" "${targets[11]}")
+    step checks-compile 120 "${self[@]}" --internal checks "$out" "$py" "$jobs" compile 110 "${compiled[@]}"
+    step checks-cudagraph 90 "${self[@]}" --internal checks "$out" "$py" "$jobs" cudagraph 80 "${compiled[@]}"
 fi
+
+# -- 7. every library interface (--api) on the device: its argument classes, conventions and
+# size switches made there (CUDA tensors from every draw), a planted size-switch bug among them
+if [ $rehearse = 1 ]; then
+    preset_args=(--device cpu --profile ci --dtype float32 --property reference --max-examples 2)
+    preset_jobs=2
+    [ $quick = 1 ] && preset_jobs=quick
+else
+    preset_args=(--device cuda --profile ci --dtype bfloat16)
+    preset_jobs=5
+fi
+step presets 60 "${self[@]}" --internal presets "$out" "$py" "$preset_jobs" "${preset_args[@]}"
+
+# -- 8. HF's code under torch.compile benchmarked; the kernel compiled ahead of time (sm_90a, sm_80)
+step bench-compiled 60 "${self[@]}" --internal bench "$out" "$py" "$rehearse" compiled
+aot_scope=ci
+[ $quick = 1 ] && aot_scope=main
+step aot 45 "$py" -m ropecheck.kernels.aot --scope "$aot_scope" --json "$out/aot.json" \
+    --markdown "$out/docs/report-gpu/aot.md"
 
 # -- 9. the report, the summary, the tarball (outside the budget's steps: always made)
 begin=$SECONDS
@@ -374,6 +427,9 @@ part=$(mktemp "${TMPDIR:-/tmp}/gpu-run.XXXXXX")
 tar -czf "$part" --exclude="$(basename "$out")/site" --exclude="$(basename "$out")/wheels" \
     -C "$(dirname "$out")" "$(basename "$out")" && mv "$part" "$out/gpu-run.tar.gz"
 echo "gpu-run: $(( SECONDS - started )) s in all; $out/summary.md; $out/gpu-run.tar.gz ($(du -k "$out/gpu-run.tar.gz" | cut -f1) KiB)"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ "$OUT" != "$out" ]; then  # the device tool brings $OUT back
+    cp "$out/gpu-run.tar.gz" "$out/summary.md" "$OUT/" && echo "gpu-run: copied the tarball and summary.md to $OUT"
+fi
 # exit 1 when a step failed or ran out of time (everything above is written either way)
 if cut -f2 "$out/steps.tsv" | grep -qxE 'failed|timeout'; then exit 1; fi
 exit 0

@@ -93,7 +93,11 @@ def summary(out: Path) -> str:
     for s in steps:
         key = s["status"].split()[0] if s["status"] else "?"
         counts[key] = counts.get(key, 0) + 1
-    total = sum(s["seconds"] for s in steps)
+    # a step of several checks (checks-MODE) has a row for each of them besides its own: its
+    # own row holds their time
+    groups = {s["step"].removeprefix("checks-") for s in steps if s["step"].startswith("checks-")}
+    total = sum(s["seconds"] for s in steps if not any(s["step"].endswith(f"-{g}") and
+                                                       s["step"].startswith("check-") for g in groups))
     mode = "rehearsal on CPU" if (out / "REHEARSAL").exists() else "GPU run"
     text = (f"# ci/gpu-run.sh summary ({mode})\n\n{summary_table(steps)}\n\n"
             f"{len(steps)} steps, {', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}; "
@@ -117,7 +121,11 @@ def _check_summary(path: Path) -> dict:
         by_status[r.get("status")] = by_status.get(r.get("status"), 0) + 1
         if r.get("status") not in ("passed", "skipped", "known"):
             failed.append(f"{r.get('property')} [{r.get('dtype')} {r.get('mode')}]: {r.get('status')}")
+    launched = record.get("triton_launches") or {}
     return {"file": path.name, "target": record.get("target"), "device": record.get("device"),
+            "seconds": round(sum(r.get("seconds") or 0 for r in results), 1),
+            "specializations": launched.get("by_dtype"), "compiled": launched.get("compiled"),
+            "compile_seconds": launched.get("compile_seconds"),
             "profile": record.get("profile"), "sizes": record.get("sizes"),
             "dtypes": record.get("dtypes"), "modes": record.get("modes"),
             "verdict": record.get("verdict"), "exit_status": record.get("exit_status"),
@@ -179,16 +187,19 @@ def report(out: Path) -> None:
         md.append(f"| copy bandwidth | {copy.get('error')} |")
     md += ["", "## Steps", "", summary_table(steps), "", "## Checks", ""]
     if checks:
-        md += ["| target | device | profile | dtypes | modes | verdict | results | not passed |",
-               "|---|---|---|---|---|---|---|---|"]
+        md += ["| target | device | profile | dtypes | modes | verdict | results | not passed | check s "
+               "| Triton specializations | compiled (s) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in checks:
             if "error" in c:
-                md.append(f"| {c['file']} | | | | | {c['error']} | | |")
+                md.append(f"| {c['file']} | | | | | {c['error']} | | | | | |")
                 continue
             results = ", ".join(f"{n} {k}" for k, n in sorted(c["by_status"].items(), key=str))
             md.append(f"| {c['target']} | {c['device']} | {c['profile']} | {'/'.join(c['dtypes'] or [])} "
                       f"| {'/'.join(c['modes'] or [])} | {c['verdict']} | {results} "
-                      f"| {'; '.join(c['not_passed'][:6]) or '-'} |")
+                      f"| {'; '.join(c['not_passed'][:6]) or '-'} | {c['seconds']} "
+                      f"| {', '.join(f'{d} {n}' for d, n in (c['specializations'] or {}).items()) or '-'} "
+                      f"| {c['compiled'] or 0} ({c['compile_seconds'] or 0:.1f}) |")
     else:
         md.append("No check record was written.")
     md += ["", "## Sanitizer", ""]
