@@ -174,6 +174,60 @@ def test_builtins_keep_to_the_input_s_device(name):
     assert y.device.type == "meta" and y.shape == x.shape
 
 
+def test_a_library_module_an_adapter_keeps_lives_on_its_inputs_device():
+    """``per_head_dim``: one module per head size and device, moved there as a model moves
+    its modules (``module.to(device)``)."""
+    from ropecheck.adapters.registry import per_head_dim
+
+    made = []
+
+    def make(head_dim):
+        module = torch.nn.Module()
+        module.register_buffer("inv_freq", torch.ones(head_dim // 2))
+        made.append(module)
+        return module
+
+    get = per_head_dim(make)
+    assert get(8).inv_freq.device.type == "cpu" and get(8) is get(8)
+    on_meta = get(8, torch.device("meta"))
+    assert on_meta.inv_freq.device.type == "meta" and on_meta is get(8, "meta")
+    assert len(made) == 2
+
+
+FLASH_ATTN_MODULES = ["flash-attn-rotary", "flash-attn-rotary-offsets"]
+
+
+@pytest.mark.parametrize("name", FLASH_ATTN_MODULES)
+def test_flash_attn_s_rotary_module_is_asked_for_on_its_inputs_device(name, monkeypatch):
+    """On an H200 every flash-attn-rotary* check failed its first call: the adapters kept
+    RotaryEmbedding on the CPU (its inv_freq buffer) and flash-attn built its table on the
+    input's device from it ("Expected all tensors to be on the same device"). Here the
+    modules are asked for with the device of the inputs (CPU tensors, the interpreter)."""
+    from ropecheck.adapters import ADAPTERS, registry, triton_kernels
+
+    adapter = ADAPTERS[name]
+    if adapter.why_unavailable():
+        pytest.skip(adapter.why_unavailable())
+    asked = []
+
+    def spy(make):
+        get = registry.per_head_dim(make)
+
+        def asking(head_dim, device=None):
+            asked.append(device)
+            return get(head_dim, device)
+
+        return asking
+
+    monkeypatch.setattr(triton_kernels, "per_head_dim", spy)
+    rope = adapter.build()
+    if name == "flash-attn-rotary":  # packed: x (total, heads, head_dim), cu_seqlens, positions
+        rope(torch.randn(6, 2, 8), torch.tensor([0, 2, 6], dtype=torch.int32), torch.tensor([0, 1, 0, 1, 2, 3]))
+    else:  # q, k (batch, seq, heads, head_dim), positions: offset + arange per row
+        rope(torch.randn(2, 3, 2, 8), torch.randn(2, 3, 1, 8), torch.arange(3).repeat(2, 1))
+    assert asked and all(device is not None and torch.device(device).type == "cpu" for device in asked), asked
+
+
 FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.tensor, torch.randn,
              torch.rand, torch.randint, torch.linspace, torch.eye, torch.empty_strided, torch.as_tensor}
 

@@ -48,7 +48,7 @@ def build_timm_cat():
 
     def rope(x, positions):
         shape, cells = grid_cells(positions)
-        table = module(x.shape[-1]).get_embed(shape)  # (H W, 2 head_dim): sin | cos
+        table = module(x.shape[-1], x.device).get_embed(shape)  # (H W, 2 head_dim): sin | cos
         return sincos.apply_rot_embed_cat(x, table[cells][:, :, None, :])
 
     return rope
@@ -74,7 +74,7 @@ def build_timm_mixed():
         if x.shape[2] > MIXED_HEADS:
             raise ValueError(f"this adapter has {MIXED_HEADS} heads of frequencies, x has {x.shape[2]}")
         shape, cells = grid_cells(positions)
-        table = module(x.shape[-1]).get_embed(shape)[0, : x.shape[2]]  # (heads, H W, 2 head_dim)
+        table = module(x.shape[-1], x.device).get_embed(shape)[0, : x.shape[2]]  # (heads, H W, 2 head_dim)
         return sincos.apply_rot_embed_cat(x, table[:, cells].permute(1, 2, 0, 3))
 
     return rope
@@ -99,7 +99,7 @@ def build_ret_axial():
 
     def rope(x, positions):
         shape, _ = grid_cells(positions)
-        freqs = module(x.shape[-1]).get_axial_freqs(*shape)  # (H, W, head_dim)
+        freqs = module(x.shape[-1], x.device).get_axial_freqs(*shape)  # (H, W, head_dim)
         return apply_rotary_emb(freqs[positions[..., 0], positions[..., 1]][:, :, None, :], x)
 
     return rope
@@ -114,7 +114,7 @@ def build_ret_axial_offsets():
     module = _ret_module()
 
     def rope(x, positions):
-        emb = module(x.shape[-1])
+        emb = module(x.shape[-1], x.device)
         rows = [emb.get_axial_freqs(1, 1, offsets=tuple(int(v) for v in p))[0, 0] for p in positions.reshape(-1, 2)]
         freqs = torch.stack(rows).reshape(*positions.shape[:2], 1, -1)
         return apply_rotary_emb(freqs, x)

@@ -51,13 +51,13 @@ def _hf_rotate_half(module, rope_parameters, max_position_embeddings=4096, rotar
 
         def rope_qk(q, k, positions):
             q, k = q.transpose(1, 2), k.transpose(1, 2)
-            cos, sin = rotary(rotary_dim or q.shape[-1])(q, positions)
+            cos, sin = rotary(rotary_dim or q.shape[-1], q.device)(q, positions)
             q_out, k_out = modeling.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
 
         def rope(x, positions):
             q = x.transpose(1, 2)
-            cos, sin = rotary(rotary_dim or x.shape[-1])(q, positions)
+            cos, sin = rotary(rotary_dim or x.shape[-1], x.device)(q, positions)
             out, _ = modeling.apply_rotary_pos_emb(q, q, cos, sin)
             return out.transpose(1, 2)
 

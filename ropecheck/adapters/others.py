@@ -37,7 +37,7 @@ def _torchtune(class_path: str, **kwargs):
         module = per_head_dim(lambda head_dim: cls(dim=head_dim, max_seq_len=TORCHTUNE_CACHE, **kwargs))
 
         def rope(x, positions):
-            return module(x.shape[-1])(x, input_pos=positions)
+            return module(x.shape[-1], x.device)(x, input_pos=positions)
 
         return rope
 
@@ -92,7 +92,7 @@ def _ret_offsets():
         def rope(x, positions):
             import torch
 
-            emb = module(x.shape[-1])
+            emb = module(x.shape[-1], x.device)
             rows = []
             for b in range(x.shape[0]):
                 tokens = [
@@ -118,7 +118,7 @@ def _ret_explicit():
         module = _ret_module()
 
         def rope(x, positions):
-            emb = module(x.shape[-1])
+            emb = module(x.shape[-1], x.device)
             rows = [
                 apply_rotary_emb(emb(positions[b].to(torch.float32)), x[b].transpose(0, 1)).transpose(0, 1)
                 for b in range(x.shape[0])
@@ -157,7 +157,7 @@ def _x_transformers():
         module = per_head_dim(RotaryEmbedding)
 
         def rope(x, positions):
-            freqs, scale = module(x.shape[-1])(positions)  # per-row positions (batch, seq)
+            freqs, scale = module(x.shape[-1], x.device)(positions)  # per-row positions (batch, seq)
             return apply_rotary_pos_emb(x.transpose(1, 2), freqs, scale).transpose(1, 2)
 
         return rope

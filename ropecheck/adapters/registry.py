@@ -127,13 +127,19 @@ def import_bare(module: str):
 
 def per_head_dim(make: Callable):
     """make(head_dim) memoised: each head size gets one library module for the whole run,
-    as a model keeps its own (so state a library keeps between calls is exercised)."""
+    as a model keeps its own (so state a library keeps between calls is exercised).
+    ``get(head_dim, device)``: the module moved to the device of the inputs it is called
+    on, as a model moves its modules (``module.to(device)``): one per head size and device."""
     cache = {}
 
-    def get(head_dim: int):
-        if head_dim not in cache:
-            cache[head_dim] = make(head_dim)
-        return cache[head_dim]
+    def get(head_dim, device=None):
+        key = (head_dim, None if device is None else str(device))
+        if key not in cache:
+            module = make(head_dim)
+            if device is not None and callable(getattr(module, "to", None)):
+                module = module.to(device)
+            cache[key] = module
+        return cache[key]
 
     return get
 

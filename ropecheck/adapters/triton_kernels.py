@@ -167,7 +167,7 @@ def _flash_packed(interleaved: bool, inplace: bool):
             offsets = _int_if_shared(_sequence_offsets(cu_seqlens, positions))
             lengths = cu_seqlens[1:] - cu_seqlens[:-1]
             longest = int(lengths.max()) if lengths.numel() else 0
-            emb = module(x.shape[-1])
+            emb = module(x.shape[-1], x.device)
             emb._update_cos_sin_cache(_table_rows(positions, longest), device=x.device, dtype=x.dtype)
             return rotary.apply_rotary_emb(
                 x,
@@ -202,7 +202,7 @@ def _flash_offsets(interleaved: bool):
         def rope(q, k, positions):
             offsets = _int_if_shared(_row_offsets(positions))
             kv = torch.stack((k, torch.zeros_like(k)), dim=2)
-            q_out, kv = module(q.shape[-1])(
+            q_out, kv = module(q.shape[-1], q.device)(
                 _copy_keeping_strides(q), kv, seqlen_offset=offsets, max_seqlen=_table_rows(positions, q.shape[1])
             )
             return q_out, kv[:, :, 0]

@@ -57,7 +57,8 @@ def build_rotary_embedding_torch():
             full[rows, cols] = t
             return full
 
-        q_out, k_out = module((q.shape[-1], q.dtype)).rotate_queries_and_keys(spread(q), spread(k), seq_dim=-3)
+        emb = module((q.shape[-1], q.dtype), q.device)
+        q_out, k_out = emb.rotate_queries_and_keys(spread(q), spread(k), seq_dim=-3)
         return q_out[rows, cols], k_out[rows, cols]
 
     return xpos
@@ -69,7 +70,7 @@ def build_x_transformers():
     module = per_head_dim(lambda head_dim: RotaryEmbedding(head_dim, use_xpos=True, scale_base=SCALE_BASE))
 
     def xpos(q, k, positions):
-        freqs, scale = module(q.shape[-1])(positions)  # (batch, seq, d) each, float32
+        freqs, scale = module(q.shape[-1], q.device)(positions)  # (batch, seq, d) each, float32
         q_out = apply_rotary_pos_emb(q.transpose(1, 2), freqs, scale)
         k_out = apply_rotary_pos_emb(k.transpose(1, 2), freqs, scale**-1.0)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
