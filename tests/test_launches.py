@@ -95,3 +95,37 @@ def test_the_run_reports_its_specializations(tmp_path):
     assert launched["compiled"] == 0  # interpreted: nothing compiled here
     line = next(line for line in done.stdout.splitlines() if line.startswith("Triton specializations"))
     assert f"bfloat16 {launched['by_dtype']['bfloat16']}" in line and "rope_kernel" in line
+
+
+@requires_triton
+def test_a_grid_past_cuda_s_limits_fails_as_on_a_gpu(scale_kernel):
+    """The interpreter runs any grid; a GPU refuses more than 65535 programs on grid axis y
+    or z ("invalid argument"). Inside a recording the launch fails on CPU too, saying why."""
+    from ropecheck.kernels.triton_env import import_triton
+
+    triton = import_triton()
+    tl = triton.language
+
+    @triton.jit
+    def rows(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.program_id(1) * BLOCK + tl.arange(0, BLOCK), 1.0)
+
+    x = torch.zeros(65536 * 4)
+    with launches.recording(), pytest.raises(launches.GridBeyondLimits, match="65536 programs on axis 1"):
+        rows[(1, 65536)](x, BLOCK=4)
+    with launches.recording():
+        rows[lambda meta: (1, 2)](x, BLOCK=4)  # a grid function: called with the launch's arguments
+    assert x[:8].tolist() == [1.0] * 8
+
+
+@requires_triton
+@pytest.mark.parametrize("form", ["x", "qk", "packed", "decode"])
+def test_the_kernel_s_grid_fits_cuda_s_limits_at_any_batch(form):
+    """On an H200 the production profile's size switch found `triton` failing from 65536
+    sequences of one token ("Triton Error [CUDA]: invalid argument"): the sequences were the
+    grid's y axis. The launches of 2^17 sequences, recorded on meta tensors (kernels.aot)."""
+    from ropecheck.kernels import aot
+
+    case = aot.Case(form=form, batch=2**17, seq=1, heads_q=2, heads_k=1, head_dim=64)
+    for grid, args, kwargs in aot.record(case):
+        assert launches.grid_beyond_limits(grid, {}, kwargs) == "", grid

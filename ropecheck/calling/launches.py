@@ -13,7 +13,8 @@ offsets, and host and CUDA allocations are both aligned past 16 bytes.
 
 While a :func:`recording` is open, every ``JITFunction.run`` (a compiled launch) and
 ``InterpretedFunction.run`` (``TRITON_INTERPRET=1``) in this process also records
-``(kernel, key)``; on a CUDA device it counts the kernels Triton really compiled (its
+``(kernel, key)`` and refuses a grid past CUDA's limits (``GridBeyondLimits``: the
+interpreter would run it, a GPU fails it); on a CUDA device it counts the kernels Triton really compiled (its
 kernel cache grew) and the seconds those launches took. Launches inside an autotuner or
 heuristics wrapper are the kernel's own ``run`` calls and are counted alike. A target that
 imports Triton only during its first call has that call's launches unrecorded (the hook
@@ -98,12 +99,41 @@ def kernel_name(kernel) -> str:
 def key_of(kernel, args: tuple, kwargs: dict) -> str:
     """The specialization ``kernel`` launched with these arguments compiles: Triton's
     binder's specialization list and launch options, as a short hash."""
+    return _bind(kernel, args, kwargs)[1]
+
+
+def _bind(kernel, args: tuple, kwargs: dict) -> tuple:
+    """(the launch's arguments by name, its key)."""
     binder = _binder(kernel)
     kwargs = dict(kwargs)
     kwargs.setdefault("debug", bool(getattr(kernel, "debug", False)))
-    _, specialization, options = binder(*args, **kwargs)
+    bound, specialization, options = binder(*args, **kwargs)
     text = repr((specialization, sorted((k, repr(v)) for k, v in dict(options).items())))
-    return f"{_dtype_of(args, kwargs)}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return dict(bound), f"{_dtype_of(args, kwargs)}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+# CUDA's grid limits: 2^31 - 1 blocks on x, 65535 on y and z
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def grid_beyond_limits(grid, bound: dict, kwargs: dict) -> str:
+    """Why a launch's grid cannot be launched on a CUDA device ("" when it can): the
+    Triton interpreter runs any grid, a GPU refuses one past CUDA's limits ("invalid
+    argument"), so a check on CPU says what the GPU would."""
+    if callable(grid):
+        grid = grid({**bound, **kwargs})
+    dims = tuple(int(n) for n in grid)
+    for axis, (n, limit) in enumerate(zip(dims, GRID_LIMITS)):
+        if n > limit:
+            return (
+                f"the launch's grid {dims} has {n} programs on axis {axis} ({'xyz'[axis]}), past CUDA's "
+                f"limit of {limit}: the launch fails on a GPU (invalid argument)"
+            )
+    return ""
+
+
+class GridBeyondLimits(RuntimeError):
+    """A Triton launch whose grid a CUDA device refuses (raised under the interpreter)."""
 
 
 def _dtype_of(args: tuple, kwargs: dict) -> str:
@@ -167,11 +197,19 @@ def _recording_run(original):
         if not _open or warmup:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         name = kernel_name(self)
+        beyond = ""
         try:
-            key = key_of(self, args, kwargs)
+            bound, key = _bind(self, args, kwargs)
         except Exception as exc:  # Triton's binder refused: the launch will say why, if it fails
             key = None
             why = f"{type(exc).__name__}: {exc}"
+        else:
+            try:
+                beyond = grid_beyond_limits(grid, bound, kwargs)
+            except Exception:  # a grid function this cannot call: the launch itself will
+                beyond = ""
+        if beyond:
+            raise GridBeyondLimits(f"{name}: {beyond}")
         before = _cache_size(self)
         start = time.perf_counter()
         result = original(self, *args, grid=grid, warmup=warmup, **kwargs)

@@ -143,15 +143,15 @@ def _rotate_heads(
 
 # Integers that need not specialize the compiled kernel. Triton compiles a kernel for each
 # class of every integer argument (divisible by 16, equal to 1, other): left to specialize,
-# the positions' offset, the sequence length, the head counts, the direction (sign) and the
-# strides multiply the kernels a run compiles (a second or more each on a GPU) by every
-# shape and layout a check draws. What the compiler needs of the strides to emit vector
-# loads and stores, that they are multiples of 16, is one constexpr (ALIGNED: the launcher
-# then passes them divided by 16); the feature strides (1: the features are contiguous),
-# the pair count (where the second half starts) and the head size (the tail copy's mask)
-# keep their classes.
+# the positions' offset, the sequence length and its block count, the head counts, the
+# direction (sign) and the strides multiply the kernels a run compiles (a second or more
+# each on a GPU) by every shape and layout a check draws. What the compiler needs of the
+# strides to emit vector loads and stores, that they are multiples of 16, is one constexpr
+# (ALIGNED: the launcher then passes them divided by 16); the feature strides (1: the
+# features are contiguous), the pair count (where the second half starts) and the head
+# size (the tail copy's mask) keep their classes.
 _STRIDES = tuple(f"s{t}{d}" for t in ("q", "qo", "k", "ko") for d in ("b", "s", "h"))
-DO_NOT_SPECIALIZE = ("offset", "seqlen", "n_heads_q", "n_heads_k", "spb", "sps", "sign") + _STRIDES
+DO_NOT_SPECIALIZE = ("offset", "seqlen", "blocks", "n_heads_q", "n_heads_k", "spb", "sps", "sign") + _STRIDES
 
 
 @triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
@@ -167,6 +167,7 @@ def rope_kernel(
     consts_ptr,
     offset,
     seqlen,
+    blocks,
     n_heads_q,
     n_heads_k,
     head_dim,
@@ -204,11 +205,14 @@ def rope_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):
-    """Grid (cdiv(longest sequence, BLOCK_T), sequences). Tensors are addressed as
-    (batch, token, head, feature) with strides; packed varlen tensors have batch stride 0
-    and their sequences start at cu_seqlens[b]."""
-    b = tl.program_id(1).to(tl.int64)
-    local = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """Grid (blocks x sequences,), ``blocks`` of BLOCK_T tokens of the longest sequence per
+    sequence. Tensors are addressed as (batch, token, head, feature) with strides; packed
+    varlen tensors have batch stride 0 and their sequences start at cu_seqlens[b]."""
+    # one grid axis (CUDA allows 2^31 - 1 programs on x, 65535 on y and z): program
+    # b * blocks + i owns token block i of sequence b
+    program = tl.program_id(0).to(tl.int64)
+    b = program // blocks
+    local = (program % blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     if VARLEN:
         start = tl.load(cu_ptr + b).to(tl.int64)
         length = tl.load(cu_ptr + b + 1).to(tl.int64) - start
@@ -329,7 +333,8 @@ def launch(
     k_, ko_ = (k, k_out) if k is not None else (q, q_out)
     pos_strides = (0 if varlen else positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     offset_tensor = isinstance(offsets, torch.Tensor)
-    grid = (triton.cdiv(max(longest, 1), block_t), sequences)
+    blocks = triton.cdiv(max(longest, 1), block_t)  # token blocks of the longest sequence
+    grid = (blocks * sequences,)
     strides = [
         stride
         for t in (q, q_out, k_, ko_)
@@ -350,6 +355,7 @@ def launch(
         consts,
         0 if offset_tensor else int(offsets),
         seqlen,
+        blocks,
         n_heads_q,
         n_heads_k,
         head_dim,
