@@ -183,6 +183,18 @@ def test_a_large_input_is_made_a_chunk_at_a_time(monkeypatch):
     assert not np.allclose(values, case.values(salt=1))
 
 
+def test_a_large_input_s_chunks_are_drawn_on_every_core_to_the_same_values(monkeypatch):
+    """Each chunk has its own seeded stream: drawn by threads (the input past 2^31 elements
+    on a GPU machine's 16 cores) or one after another, the same values, in order."""
+    monkeypatch.setattr(case_module, "VALUES_CHUNK", 4 * 16)  # 4 head vectors a chunk: 24 chunks
+    case = Case("float32", 2, 12, 4, 16, tuple(tuple(range(12)) for _ in range(2)), seed=5)
+    threaded = case.values()
+    monkeypatch.setattr(case_module.os, "cpu_count", lambda: 1)
+    assert np.array_equal(case.values(), threaded)
+    first = np.random.default_rng([5, 0, 0]).standard_normal((4, 16))
+    assert np.array_equal(threaded.reshape(-1, 16)[:4], first)
+
+
 # --- past 2^31 elements ---------------------------------------------------------------
 
 def test_the_huge_input_is_past_int32_indexing_and_planned_not_made_here(monkeypatch):
