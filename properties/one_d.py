@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ropecheck.properties import size_switches
+from ropecheck.properties import device_reference, size_switches
 from ropecheck.properties.assertions import Tally
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import CALL_FORMS, Subject
@@ -375,10 +375,21 @@ def against_reference(
     step = max(1, REFERENCE_CHUNK // max(batch * heads * head_dim, 1))
     seq_len = ctx.convention.seq_len(p)
     tally = Tally()
+    device = device_reference.device_for(ctx.target, x)  # a large input on a CUDA device: there
     for first, stop in windows or ((0, max(seq, 1)),):
         for start in range(first, stop, step):
             part = slice(start, min(start + step, stop))
-            x64, at = as_float64(x[:, part]), p[:, part]
+            at = p[:, part]
+            if device is not None:
+                _, expected, bound = device_reference.reference_and_bound(
+                    ctx, x[:, part], at, inverse=inverse, seq_len=seq_len, device=device
+                )
+                if start == first:  # the host's reference judges the device's, on a chunk of each input
+                    device_reference.judge(ctx, x[:, part], at, expected, bound, inverse=inverse, seq_len=seq_len)
+                actual = device_reference.unscaled(ctx, y[:, part], device)
+                device_reference.add(tally, actual, expected, bound, offset=(0, start))
+                continue
+            x64 = as_float64(x[:, part])
             expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
             bound = ctx.model.element_bound(x64, at, ctx.convention, seq_len=seq_len)
             tally.add(ctx.unscale(as_float64(y[:, part])), expected, bound, offset=(0, start))
