@@ -2,8 +2,9 @@
 them: Liger on q and k together (``call="qk"``), flash-attn on packed varlen sequences
 (``call="packed"``) and, through its RotaryEmbedding module, on q and a kv tensor with
 per-row offsets. Without CUDA they run under the Triton interpreter
-(``TRITON_INTERPRET=1``, set before triton is first imported); the interpreter mishandles
-bfloat16 arithmetic, which liger's record leaves out."""
+(``TRITON_INTERPRET=1``, set before triton is first imported), with bfloat16 arithmetic
+computed on values as a GPU computes it (``ropecheck.kernels.triton_interpreter``: Liger
+computes its rotation in the input dtype)."""
 
 from __future__ import annotations
 
@@ -222,10 +223,9 @@ register(
         modules=("liger_kernel", "triton"),
         call="qk",
         install="pip install liger-kernel==0.8.5 triton==3.9.0 torch==2.13.0",
-        dtypes=("float32", "float16"),
+        dtypes=("float32", "float16", "bfloat16"),
         notes="finding: writes its result into q and k when they are transposed views, as "
-        "HF passes them (the adapter passes copies); without CUDA: Triton "
-        "interpreter, float32/float16 only",
+        "HF passes them (the adapter passes copies); without CUDA: Triton interpreter",
     )
 )
 

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ropecheck.kernels import triton_env, triton_interpreter
+
 CAPABILITY = 90  # the binder's target (H100 / H200): a launch's key does not depend on it
 
 
@@ -84,6 +86,8 @@ def recording():
     record = Recorded()
     if "triton" in sys.modules:
         _hook()
+        if triton_env.interpreted():  # a target's own Triton, imported without ropecheck
+            triton_interpreter.install()
     _open.append(record)
     try:
         yield record

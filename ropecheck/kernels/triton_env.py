@@ -6,6 +6,8 @@ it at each ``@triton.jit``; kernels defined after that run on CPU torch tensors,
 Python program at a time). ``import_triton()`` sets it in that case, so every importer of
 a Triton kernel goes through this one function; it works even when another library
 (transformers, say) imported triton first, as long as the kernels are defined afterwards.
+Under the interpreter it also makes bfloat16 arithmetic compute on values
+(``triton_interpreter``), as a GPU does.
 """
 
 from __future__ import annotations
@@ -21,10 +23,7 @@ def import_triton():
     Raises ImportError with the install hint when triton is missing, and when an already
     imported triton does not follow the variable on a machine without CUDA (its kernels
     could not run)."""
-    import torch
-
-    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "1"
+    choose_interpreter()
     try:
         import triton
     except ImportError as exc:
@@ -35,7 +34,21 @@ def import_triton():
             "and there is no CUDA device: set TRITON_INTERPRET=1 in the "
             "environment to run Triton kernels on CPU"
         )
+    if interpreted():
+        from ropecheck.kernels import triton_interpreter
+
+        triton_interpreter.install()
     return triton
+
+
+def choose_interpreter() -> None:
+    """Set ``TRITON_INTERPRET=1`` when there is no CUDA device and the variable is unset,
+    so that Triton kernels defined from now on (ropecheck's, an adapter's, a user's file
+    loaded as a target) run on CPU tensors instead of failing for want of a driver."""
+    import torch
+
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _follows_environment(triton) -> bool:

@@ -24,6 +24,7 @@ from ropecheck.calling import quiet
 from ropecheck.calling.execution import describe_exception
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.worker import Worker, WorkerError
+from ropecheck.kernels.triton_env import choose_interpreter, triton_missing
 from ropecheck.properties.core.contract import ARITY, CALL_FORMS, check_call
 from ropecheck.properties.families import FAMILIES
 from ropecheck.targets.builtins import BUILTINS, builtin
@@ -43,6 +44,8 @@ def _import_file(path: Path):
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise TargetLoadError(f"cannot import {path}: not a Python file")
+    if triton_missing() is None:  # its Triton kernels, if any, run under the interpreter without CUDA
+        choose_interpreter()
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     sys.path.insert(0, str(path.parent.resolve()))
