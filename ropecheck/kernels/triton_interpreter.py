@@ -37,13 +37,12 @@ def to_float32(bits: np.ndarray) -> np.ndarray:
 
 
 def to_bfloat16(values: np.ndarray) -> np.ndarray:
-    """Float values -> bfloat16 bit patterns (uint16), rounded to nearest even (float64
-    through float32); NaN stays a quiet NaN, overflow gives an infinity."""
-    f32 = np.asarray(values).astype(np.float32)
-    bits = np.ascontiguousarray(f32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)
-    return np.where(np.isnan(f32), quiet_nan, rounded).astype(np.uint16)
+    """Float values -> bfloat16 bit patterns (uint16), rounded to nearest even (torch's
+    conversion; float64 through float32); NaN stays NaN, overflow gives an infinity."""
+    import torch
+
+    f32 = np.ascontiguousarray(np.asarray(values), dtype=np.float32)
+    return torch.from_numpy(f32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 def _is_bf16(handle, tl) -> bool:
