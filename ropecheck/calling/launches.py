@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
@@ -75,7 +74,6 @@ class Recorded:
 
 
 _open: list = []  # the recordings open in this process, innermost last
-_binders: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _hooked = False
 
 
@@ -108,10 +106,7 @@ def key_of(kernel, args: tuple, kwargs: dict) -> str:
 
 def _bind(kernel, args: tuple, kwargs: dict) -> tuple:
     """(the launch's arguments by name, its key)."""
-    binder = _binder(kernel)
-    kwargs = dict(kwargs)
-    kwargs.setdefault("debug", bool(getattr(kernel, "debug", False)))
-    bound, specialization, options = binder(*args, **kwargs)
+    bound, specialization, options, _ = triton_env.bind_for_cuda(kernel, args, kwargs, CAPABILITY)
     text = repr((specialization, sorted((k, repr(v)) for k, v in dict(options).items())))
     return dict(bound), f"{_dtype_of(args, kwargs)}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
@@ -146,21 +141,6 @@ def _dtype_of(args: tuple, kwargs: dict) -> str:
         if dtype is not None and getattr(dtype, "is_floating_point", False):
             return str(dtype).removeprefix("torch.")
     return "-"
-
-
-def _binder(kernel):
-    if kernel not in _binders:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import make_backend
-        from triton.runtime.jit import JITFunction, create_function_from_signature
-
-        jit = kernel
-        if not isinstance(kernel, JITFunction):  # an InterpretedFunction: the JITFunction of its fn
-            options = {k: v for k, v in getattr(kernel, "kwargs", {}).items() if v is not None}
-            jit = JITFunction(kernel.fn, **options)
-        backend = make_backend(GPUTarget("cuda", CAPABILITY, 32))
-        _binders[kernel] = create_function_from_signature(jit.signature, jit.params, backend)
-    return _binders[kernel]
 
 
 def _cache_size(kernel) -> Optional[int]:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ropecheck.kernels.sass import Result, inspect_cubin, table, versions
+from ropecheck.kernels.triton_env import bind_for_cuda
 
 ARCHS = {"sm_90a": 90, "sm_80": 80}  # Triton compiles capability 90 as sm_90a
 DTYPES = ("bfloat16", "float16", "float32")
@@ -255,16 +256,10 @@ def compiled_kernel():
 
 def specialize(kernel, call, capability: int) -> Launch:
     """What a launch of ``kernel`` with this recorded call would compile, for ``capability``."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-
     grid, args, kwargs = call
-    backend = make_backend(GPUTarget("cuda", capability, 32))
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = dict(kwargs)
     kwargs.setdefault("debug", bool(getattr(kernel, "debug", False)))
-    bound, specialization, options = binder(*args, **kwargs)
+    bound, specialization, options, backend = bind_for_cuda(kernel, args, kwargs, capability)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return Launch(tuple(grid), signature, constexprs, attrs, options)
 

@@ -13,6 +13,7 @@ Under the interpreter it also makes bfloat16 arithmetic compute on values
 from __future__ import annotations
 
 import os
+import weakref
 
 INSTALL_HINT = "pip install triton==3.9.0"
 
@@ -70,3 +71,31 @@ def triton_missing() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return f"triton is not installed ({INSTALL_HINT})"
     return None
+
+
+_binders: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def bind_for_cuda(kernel, args: tuple, kwargs: dict, capability: int = 90) -> tuple:
+    """What a launch of ``kernel`` (a JITFunction, or under the interpreter an
+    InterpretedFunction) with these arguments compiles on a CUDA device of ``capability``:
+    Triton's own binder (``create_function_from_signature``, the one ``JITFunction.run``
+    calls) made for that target -> (the arguments by name, the specialization list, the
+    launch options, the backend). The binder is made once per kernel and capability."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    made = _binders.setdefault(kernel, {})
+    if capability not in made:
+        jit = kernel
+        if not isinstance(kernel, JITFunction):  # an InterpretedFunction: the JITFunction of its fn
+            options = {k: v for k, v in getattr(kernel, "kwargs", {}).items() if v is not None}
+            jit = JITFunction(kernel.fn, **options)
+        backend = make_backend(GPUTarget("cuda", capability, 32))
+        made[capability] = (create_function_from_signature(jit.signature, jit.params, backend), backend)
+    binder, backend = made[capability]
+    kwargs = dict(kwargs)
+    kwargs.setdefault("debug", bool(getattr(kernel, "debug", False)))
+    bound, specialization, options = binder(*args, **kwargs)
+    return bound, specialization, options, backend
