@@ -43,22 +43,33 @@ class Tally:
         self.detail = None  # (index, actual, expected, diff, bound) of the worst element
 
     def add(self, actual, expected, bound, offset=()) -> "Tally":
-        """One block; ``offset``: its first index in the whole (per leading axis)."""
-        actual = np.asarray(actual, np.float64)
-        expected = np.broadcast_to(np.asarray(expected, np.float64), actual.shape)
-        bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
-        diff = np.abs(actual - expected)
-        ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)
-        self.size += ratio.size
-        if ratio.size == 0:
+        """One block; ``offset``: its first index in the whole (per leading axis). The
+        block is numpy arrays (float64), or torch tensors on a device (float64; the ratios
+        are computed there and only the worst element comes to the host): the same tally
+        for the same values."""
+        if hasattr(actual, "device") and hasattr(actual, "abs"):  # torch, where the data is
+            diff = (actual - expected).abs()
+            ratio = diff / bound.clamp_min(np.finfo(np.float64).tiny)
+            ratio = ratio.where(diff.isfinite(), ratio.new_tensor(np.inf))
+            bound = bound.expand(ratio.shape)
+        else:
+            actual = np.asarray(actual, np.float64)
+            expected = np.broadcast_to(np.asarray(expected, np.float64), actual.shape)
+            bound = np.broadcast_to(np.asarray(bound, np.float64), actual.shape)
+            diff = np.abs(actual - expected)
+            ratio = np.where(np.isfinite(diff), diff / np.maximum(bound, np.finfo(np.float64).tiny), np.inf)
+        size = int(np.prod(tuple(ratio.shape)))
+        self.size += size
+        if size == 0:
             return self
-        self.bad += int(np.count_nonzero(ratio > 1.0))
-        flat = int(np.argmax(ratio))
-        if self.detail is None or float(ratio.flat[flat]) > self.worst:
-            index = np.unravel_index(flat, ratio.shape)
-            self.worst = float(ratio.flat[flat])
+        self.bad += int((ratio > 1.0).sum())
+        flat = int(ratio.reshape(-1).argmax())
+        worst = float(ratio.reshape(-1)[flat])
+        if self.detail is None or worst > self.worst:
+            index = np.unravel_index(flat, tuple(ratio.shape))
+            self.worst = worst
             whole = tuple(int(i) + (offset[n] if n < len(offset) else 0) for n, i in enumerate(index))
-            self.detail = (whole, actual[index], expected[index], diff[index], bound[index])
+            self.detail = (whole, *(float(t[index]) for t in (actual, expected, diff, bound)))
         return self
 
     def verdict(self, *, what: str, positions=None, axes=AXES_4D) -> float:

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 import ropecheck.reference as reference
-from ropecheck.properties.assertions import Tally
 
 # Inputs of more elements than this, made for a CUDA device, are judged there.
 DEVICE_ELEMENTS = 2**22
@@ -105,24 +104,3 @@ def judge(ctx, x: torch.Tensor, at: np.ndarray, expected, bound, *, inverse: boo
                 f"the float64 {what} computed on {expected.device} disagrees with the host's by "
                 f"{worst:.3g} x float64 rounding: ropecheck's own error"
             )
-
-
-def add(tally: Tally, actual, expected, bound, offset=()) -> Tally:
-    """``Tally.add`` for tensors on a device: the largest ratio, the failing count and
-    the worst element (brought to the host), the same as the host's for the same values."""
-    diff = (actual - expected).abs()
-    ratio = torch.where(
-        torch.isfinite(diff), diff / bound.clamp_min(np.finfo(np.float64).tiny), torch.full_like(diff, np.inf)
-    )
-    tally.size += ratio.numel()
-    if ratio.numel() == 0:
-        return tally
-    tally.bad += int(torch.count_nonzero(ratio > 1.0))
-    flat = int(torch.argmax(ratio.reshape(-1)))
-    worst = float(ratio.reshape(-1)[flat])
-    if tally.detail is None or worst > tally.worst:
-        index = np.unravel_index(flat, tuple(ratio.shape))
-        tally.worst = worst
-        whole = tuple(int(k) + (offset[n] if n < len(offset) else 0) for n, k in enumerate(index))
-        tally.detail = tuple([whole] + [float(t[index]) for t in (actual, expected, diff, bound)])
-    return tally

@@ -387,7 +387,7 @@ def against_reference(
                 if start == first:  # the host's reference judges the device's, on a chunk of each input
                     device_reference.judge(ctx, x[:, part], at, expected, bound, inverse=inverse, seq_len=seq_len)
                 actual = device_reference.unscaled(ctx, y[:, part], device)
-                device_reference.add(tally, actual, expected, bound, offset=(0, start))
+                tally.add(actual, expected, bound, offset=(0, start))
                 continue
             x64 = as_float64(x[:, part])
             expected = ctx.convention.apply(x64, at, inverse=inverse, seq_len=seq_len)
