@@ -193,6 +193,14 @@ class Seen:
         self.latest: Optional[tuple] = None  # (input, failure): the smallest so far
         self.since: Optional[float] = None  # when the first failure was seen
         self.crashes = 0
+        self.rate = 0.0  # seconds per input row of the slowest check so far (``measured``)
+
+    def measured(self, seconds: float, rows: float) -> None:
+        """A check's time on an input of ``rows`` head vectors (tokens x heads): from
+        MEASURED_ROWS on, the target's speed (its calls and the check's own work per row,
+        a bound on one call's)."""
+        if rows >= MEASURED_ROWS:
+            self.rate = max(self.rate, seconds / rows)
 
     def passed(self, error: float):
         self.max = max(self.max, float(error))
@@ -284,15 +292,19 @@ def run_property(
         case, extras = drawn
         seen.count += 1
         ctx.rope.case = case  # its q/k split and sequences shape the calls on its tensors
-        ctx.rope.timeout = call_time_limit(options.timeout, case, predicted)
+        rows = float(np.prod(case.shape[:-1]))
+        ctx.rope.timeout = call_time_limit(options.timeout, case, predicted, seen.rate)
+        start = time.perf_counter()
         try:
             error = check(ctx, case, **extras)
         except TargetHung as hung:
             hung.case = _describe(case, extras)
             raise
         except Exception as failure:
+            seen.measured(time.perf_counter() - start, rows)
             seen.failed(drawn, failure)
             raise
+        seen.measured(time.perf_counter() - start, rows)
         seen.passed(error)
 
     def after_drawn():
@@ -396,16 +408,25 @@ def _run(
 DRAWN_ELEMENTS = 2**16
 
 
-def call_time_limit(timeout: Optional[float], case, predicted: float = 0.0) -> Optional[float]:
+def call_time_limit(timeout: Optional[float], case, predicted: float = 0.0, rate: float = 0.0) -> Optional[float]:
     """One call's time limit: ``timeout`` scaled by the input's size past the drawn ones,
     and at least SLACK times the ``predicted`` seconds (the target's measured speed: a slow
-    target on a busy machine is slow, not hung)."""
+    target on a busy machine is slow, not hung). ``rate``: the seconds per head vector the
+    checks so far took (``Seen.rate``): a large input gets SLACK times that much per row of
+    its own (a kernel under an interpreter runs a program per row or block of rows, whatever
+    the head size), within SPEED_ALLOWANCE times the size-scaled limit."""
     if not timeout:
         return timeout
-    return max(timeout * max(1.0, float(np.prod(case.shape)) / DRAWN_ELEMENTS), SLACK * predicted)
+    limit = max(timeout * max(1.0, float(np.prod(case.shape)) / DRAWN_ELEMENTS), SLACK * predicted)
+    rows = float(np.prod(case.shape[:-1]))
+    return max(limit, min(SLACK * rate * rows, SPEED_ALLOWANCE * limit))
 
 
 SLACK = 4.0  # a call's time limit over its predicted time
+# A check whose input has this many head vectors measures the target's speed (per row,
+# its fixed costs included: an overestimate for a larger input, so a generous limit)
+MEASURED_ROWS = 32
+SPEED_ALLOWANCE = 8.0  # at most this many times the size-scaled limit, from the speed measured
 
 
 # Seconds the size switch inputs of one property and dtype may take (at the rate the first

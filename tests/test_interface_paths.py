@@ -185,3 +185,26 @@ def test_a_size_switch_input_is_tried_and_timed_by_the_target_s_speed():
     assert call_time_limit(20.0, small) == 20.0
     assert call_time_limit(20.0, small, predicted=8.0) == SLACK * 8.0
     assert call_time_limit(None, small, predicted=8.0) is None
+
+
+def test_a_large_input_s_limit_follows_the_speed_the_checks_measured():
+    """flash-attn's kernel under the interpreter: the backward of 2048 tokens x 8 heads of
+    8 took past its 40 s limit on a 2-core machine and the run said "hung" on a right
+    kernel; the checks before it had measured its speed per head vector. A large input's
+    limit is SLACK times that speed per row of its own, within SPEED_ALLOWANCE times the
+    size-scaled limit; a fast target's limit is the size-scaled one."""
+    from ropecheck.properties.runner import MEASURED_ROWS, SLACK, SPEED_ALLOWANCE, Seen, call_time_limit
+
+    large = Case("bfloat16", 1, 2048, 8, 8, (tuple(range(2048)),))  # 16384 rows, 131072 elements
+    scaled = call_time_limit(20.0, large)
+    assert scaled == 40.0
+    assert call_time_limit(20.0, large, rate=1e-5) == scaled  # fast: 0.16 s predicted
+    assert call_time_limit(20.0, large, rate=1e-3) == SLACK * 1e-3 * 16384  # slow: 65.5 s
+    assert call_time_limit(20.0, large, rate=1.0) == SPEED_ALLOWANCE * scaled  # a bound even so
+    assert call_time_limit(None, large, rate=1e-3) is None
+    seen = Seen()
+    seen.measured(5.0, MEASURED_ROWS - 1)  # too few rows: the call's fixed costs, not its speed
+    assert seen.rate == 0.0
+    seen.measured(0.36, 72)
+    seen.measured(0.1, 72)  # the slowest so far stays
+    assert seen.rate == 0.005
