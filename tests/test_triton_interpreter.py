@@ -6,6 +6,7 @@ one fails (before, every bfloat16 product was of bit patterns: values near 1e30)
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_each_bfloat16_operation_is_rounded_once_as_on_a_gpu(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wrong []" in done.stdout, done.stdout
 

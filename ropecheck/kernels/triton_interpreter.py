@@ -17,9 +17,9 @@ interpreter's own operation on those values, and round a bfloat16 result back to
 nearest even: one rounding per operation, what a GPU's ``add.rn.bf16`` / ``mul.rn.bf16``
 give (an fma and a float64 cast round through float32 first, a rare extra rounding of
 half a bfloat16 unit). Loads, stores, selects and bit casts keep moving bit patterns.
-Operations on other dtypes are not touched. ``install`` is idempotent and does nothing
-when Triton's interpreter does not have the names it wraps (another Triton); then
-:func:`arithmetic_works` says whether bfloat16 arithmetic is right anyway.
+Operations on other dtypes are not touched. ``install`` is idempotent, and does nothing
+(returns False) when Triton's interpreter does not have the names it wraps (another
+Triton): its bfloat16 arithmetic then stays as that Triton computes it.
 """
 
 from __future__ import annotations
@@ -104,23 +104,16 @@ def install() -> bool:
         return handle_cls(to_bfloat16(data), tl.bfloat16)
 
     def on_values(original):
+        """``original`` (a builder operation; its arguments handles, or a numpy function
+        that ``values`` leaves as it is) on the values of its bfloat16 operands."""
+
         @functools.wraps(original)
-        def op(self, *handles, **kwargs):
-            if not any(_is_bf16(h, tl) for h in handles):
-                return original(self, *handles, **kwargs)
-            return rounded(original(self, *(values(h) for h in handles), **kwargs))
+        def op(self, *args, **kwargs):
+            if not any(_is_bf16(a, tl) for a in args):
+                return original(self, *args, **kwargs)
+            return rounded(original(self, *(values(a) for a in args), **kwargs))
 
         return op
-
-    def binary_op(self, lhs, rhs, op):
-        if not (_is_bf16(lhs, tl) or _is_bf16(rhs, tl)):
-            return wrapped["binary_op"](self, lhs, rhs, op)
-        return rounded(wrapped["binary_op"](self, values(lhs), values(rhs), op))
-
-    def unary_op(self, arg, op):
-        if not _is_bf16(arg, tl):
-            return wrapped["unary_op"](self, arg, op)
-        return rounded(wrapped["unary_op"](self, values(arg), op))
 
     def ternary_op(self, lhs, rhs, other, op):
         # a select (np.where) moves bit patterns; a clamp (np.clip) compares values
@@ -167,12 +160,9 @@ def install() -> bool:
 
         return op
 
-    builder.binary_op = binary_op
-    builder.unary_op = unary_op
+    for name in ("binary_op", "unary_op", "create_fma", "create_erf", "create_rsqrt"):
+        setattr(builder, name, on_values(wrapped[name]))
     builder.ternary_op = ternary_op
-    builder.create_fma = on_values(wrapped["create_fma"])
-    builder.create_erf = on_values(wrapped["create_erf"])
-    builder.create_rsqrt = on_values(wrapped["create_rsqrt"])
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     builder.create_fp_to_fp = create_fp_to_fp
