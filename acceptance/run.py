@@ -4,6 +4,7 @@ committed record.
     .venv/bin/python acceptance/run.py                 # run all, write acceptance/verdicts.json
     .venv/bin/python acceptance/run.py --compare       # run all, diff against verdicts.json
     .venv/bin/python acceptance/run.py -k mrope --compare   # only entries whose name has "mrope"
+    .venv/bin/python acceptance/run.py -k 'axial|mrope|^nd-' --compare   # a regular expression
     .venv/bin/python acceptance/run.py --compare --recorded  # only the entries verdicts.json holds
 
 Each entry runs as a user runs it (``ropecheck check ... --profile ci --json``, a
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -95,14 +97,15 @@ def compared(record: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", action="store_true", help="diff against verdicts.json, do not write it")
-    parser.add_argument("-k", dest="pattern", default="", help="only entries whose name contains this")
+    parser.add_argument("-k", dest="pattern", default="",
+                        help="only entries whose name matches this regular expression (a plain name: contains it)")
     parser.add_argument("--recorded", action="store_true", help="only entries verdicts.json holds (a change's comparison)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(RECORD), help="where to write the record (default verdicts.json)")
     args = parser.parse_args()
 
-    jobs = [(f"check {n}", check_entry, (n, a)) for n, a in CHECKS.items() if args.pattern in n]
-    jobs += [(f"identify {n}", identify_entry, (n,)) for n in IDENTIFY if args.pattern in n]
+    jobs = [(f"check {n}", check_entry, (n, a)) for n, a in CHECKS.items() if re.search(args.pattern, n)]
+    jobs += [(f"identify {n}", identify_entry, (n,)) for n in IDENTIFY if re.search(args.pattern, n)]
     if args.recorded:
         recorded = json.loads(RECORD.read_text())
         jobs = [job for job in jobs if job[0] in recorded]
