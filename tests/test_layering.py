@@ -20,11 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
     ("reference", ("ropecheck.reference",)),
     # the laws, in layers of their own: the core (dtypes, sizes, the contract with the harness)
-    # below the inputs (cases, strategies), below the library interfaces, below the families
+    # below the inputs (cases, strategies), below the library interfaces, below the engine and
+    # the families' checks, below the catalogue of every family (properties/families/)
     ("properties.core", ("ropecheck.properties.core",)),
     ("properties.inputs", ("ropecheck.properties.inputs",)),
     ("properties.interfaces", ("ropecheck.properties.interfaces",)),
     ("properties", ("ropecheck.properties",)),
+    ("properties.families", ("ropecheck.properties.families",)),
     ("kernels", ("ropecheck.kernels",)),
     ("calling", ("ropecheck.calling",)),
     ("targets", ("ropecheck.targets", "ropecheck.target")),

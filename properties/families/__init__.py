@@ -2,7 +2,8 @@
 default), the N-D families (``axial``, ``mrope``, ``nd``), ``xpos``, the multimodal
 position builders and the table builders (``table-builder``, ``cache-builder``). A family
 is one ``property.Family`` record: adding one is a record in its checks' module and a line
-here."""
+here. The catalogue is a layer of its own, above every family's checks, so a family may
+live in a folder of its own (``properties/nd/``) without a cycle back to this list."""
 
 from __future__ import annotations
 
