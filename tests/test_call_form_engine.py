@@ -167,7 +167,7 @@ def _nd_qk(forget_mqa_k: bool):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_nd_family_in_the_qk_form(broken):
-    from ropecheck.properties.nd_checks import ND_PROPERTIES
+    from ropecheck.properties.nd.checks import ND_PROPERTIES
     conv, rope = _nd_qk(broken)
     target = Target("mrope-qk", rope, conv, family="mrope", n_axes=3, head_dims=(conv.head_dim,), backward=False,
                     call="qk")
@@ -203,7 +203,7 @@ def _nd_packed(bug: str = ""):
 
 @pytest.mark.parametrize("bug", ["", "empty-skips-next", "counting"])
 def test_nd_family_in_the_packed_form(bug):
-    from ropecheck.properties.nd_checks import ND_PROPERTIES
+    from ropecheck.properties.nd.checks import ND_PROPERTIES
     conv, rope = _nd_packed(bug)
     target = Target("mrope-packed", rope, conv, family="mrope", n_axes=3, head_dims=(conv.head_dim,),
                     backward=False, call="packed")

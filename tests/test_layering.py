@@ -26,6 +26,7 @@ LAYERS = (
     ("properties.inputs", ("ropecheck.properties.inputs",)),
     ("properties.interfaces", ("ropecheck.properties.interfaces",)),
     ("properties", ("ropecheck.properties",)),
+    ("properties.nd", ("ropecheck.properties.nd",)),  # a family in a folder of its own
     ("properties.families", ("ropecheck.properties.families",)),
     ("kernels", ("ropecheck.kernels",)),
     ("calling", ("ropecheck.calling",)),

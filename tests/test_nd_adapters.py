@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from ropecheck.properties.nd_checks import INVERTIBILITY_STEP, ND_PROPERTIES, limit
+from ropecheck.properties.nd.checks import INVERTIBILITY_STEP, ND_PROPERTIES, limit
 from ropecheck.properties.inputs.strategies import prime_step
 from ropecheck.targets.target import Target
 from ropecheck.properties.runner import run_property

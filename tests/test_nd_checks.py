@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ropecheck.properties.nd_checks import ND_PROPERTIES
+from ropecheck.properties.nd.checks import ND_PROPERTIES
 from ropecheck.targets.target import Target
 from ropecheck.properties.runner import run_property
 from ropecheck.properties.runner import RunOptions

@@ -263,7 +263,7 @@ def test_a_kernel_ignoring_the_batch_stride_fails_on_views_and_is_right_on_conti
 def test_every_family_draws_at_the_sizes_and_score_checks_stay_short():
     """N-D and xPos targets keep their own head sizes and take the production sequences,
     heads and q/k ratios; checks that compare (seq x seq) scores stop at SCORES_MAX_SEQ."""
-    from ropecheck.properties.nd_checks import ND_PROPERTIES, nd_cases
+    from ropecheck.properties.nd.checks import ND_PROPERTIES, nd_cases
     from ropecheck.properties.inputs.strategies import SCORES_MAX_SEQ
     from ropecheck.properties.xpos_checks import XPOS_MAX_POSITION, xpos_cases
 

@@ -12,7 +12,7 @@ from ropecheck.properties import (
     xpos_backward,  # noqa: F401  (registers xPos's backward)
 )
 from ropecheck.properties.builder_checks import BUILDER_FAMILIES
-from ropecheck.properties.nd_families import ND_FAMILIES
+from ropecheck.properties.nd.families import ND_FAMILIES
 from ropecheck.properties.one_d import ONE_D
 from ropecheck.properties.property import Family, FamilyError
 from ropecheck.properties.table_builder_checks import TABLE_FAMILIES

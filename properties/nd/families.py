@@ -1,10 +1,10 @@
 """The N-D families (``axial``, ``mrope``, ``nd``): what their parameters declare. They
-share the N-D checks (``properties.nd_checks``) and differ in the convention they declare:
+share the N-D checks (``properties.nd.checks``) and differ in the convention they declare:
 per-axis blocks, M-RoPE sections, or none (the spec-free checks only)."""
 
 from __future__ import annotations
 
-from ropecheck.properties.nd_checks import ND
+from ropecheck.properties.nd.checks import ND
 from ropecheck.properties.property import Declaration, FamilyError
 from ropecheck.reference import nd as ndref
 
