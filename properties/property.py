@@ -84,6 +84,7 @@ class Declaration:
     rotary_dim: Optional[int] = None
     max_position: Optional[int] = None
     dtypes: Optional[tuple] = None
+    coordinates: Any = None  # N-D: the positions' kind, ranges, scale and offset (None: token indices)
 
 
 RANGE_PROBE = "position-range"  # the probe a 1-D run starts with (properties.position_range)

@@ -266,10 +266,16 @@ class ErrorModel:
         """``element_bound`` for an N-D rotation (``reference.nd.PairRotation``): pair p,
         driven by axis k, may err by rho (K_OPS u + dphi_p) + floor, dphi_p = u32 |x_k|
         theta_p (2 e_p ln b + 6) with e_p ln b = -ln theta_p; features in no pair by one
-        output rounding."""
+        output rounding. Coordinates that are scaled or offset (S_k x_k + O_k) count in
+        units of |S_k x_k| + |O_k| with the product and sum's two roundings more; a phase
+        adds its own rounding, 2 u32 |phase_p|."""
         i, j, _, theta = conv.arrays
-        m = np.abs(conv.pair_positions(positions)).astype(np.float64)[:, :, None, :]  # (b, s, 1, pairs)
-        dphi = U32 * m * theta * (2.0 * np.maximum(-np.log(theta), 0.0) + ANGLE_CONST)
+        m = conv.angle_magnitudes(positions)[:, :, None, :]  # (b, s, 1, pairs)
+        e_ln_base = np.maximum(-np.log(np.where(theta > 0, theta, 1.0)), 0.0)  # a zero frequency: none
+        ops = ANGLE_CONST + (2.0 if conv.affine else 0.0)
+        dphi = U32 * m * theta * (2.0 * e_ln_base + ops)
+        if conv.phase:
+            dphi = dphi + 2.0 * U32 * np.abs(np.asarray(conv.phase, dtype=np.float64))
         pair = self.pair_bound(conv.pair_norms(x64), dphi)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair

@@ -26,6 +26,8 @@ import numpy as np
 
 from ropecheck.reference.rope import DEFAULT_BASE, check_layout, inv_freq, pair_indices
 
+PAIR_SPANS = ("axis", "head")  # where an axial half layout's pairs lie: in each axis' block, or across the head
+
 
 class GeneratorError(ValueError):
     """Generators that cannot give a relative N-D RoPE (not skew-symmetric, or not commuting)."""
@@ -34,7 +36,9 @@ class GeneratorError(ValueError):
 @dataclass(frozen=True)
 class PairRotation:
     """An N-D RoPE as a list of rotated pairs: pair p turns features (first[p], second[p])
-    counter-clockwise by positions[..., axis[p]] * theta[p]. Features in no pair pass through."""
+    counter-clockwise by theta[p] (S_a x_a + O_a) + phase[p], a = axis[p], x the position
+    (``scale`` S and ``offset`` O per axis, default 1 and 0: coordinates of image and video
+    models; ``phase`` per pair, default 0). Features in no pair pass through."""
 
     head_dim: int
     n_axes: int
@@ -43,6 +47,9 @@ class PairRotation:
     axis: tuple
     theta: tuple
     description: str = ""
+    phase: tuple = ()  # per pair (() none)
+    scale: tuple = ()  # per axis (() 1)
+    offset: tuple = ()  # per axis (() 0)
 
     def __post_init__(self):
         used = list(self.first) + list(self.second)
@@ -52,6 +59,10 @@ class PairRotation:
             raise ValueError("first, second, axis and theta must have one entry per pair")
         if any(not 0 <= a < self.n_axes for a in self.axis):
             raise ValueError(f"pair axes must lie in 0 .. {self.n_axes - 1}")
+        if self.phase and len(self.phase) != len(self.first):
+            raise ValueError("phase must have one entry per pair")
+        if any(len(v) not in (0, self.n_axes) for v in (self.scale, self.offset)):
+            raise ValueError(f"scale and offset must have one entry per axis ({self.n_axes})")
 
     @property
     def arrays(self):
@@ -62,6 +73,31 @@ class PairRotation:
             np.asarray(self.theta, dtype=np.float64),
         )
 
+    @property
+    def turns_at_zero(self) -> bool:
+        """Whether some pair turns at x = 0 (an offset or a phase): then f(x, 0) != x and
+        R_P R_Q != R_{P+Q}."""
+        return any(v != 0 for v in (*self.phase, *self.offset))
+
+    @property
+    def affine(self) -> bool:
+        """Whether positions are scaled or offset before they meet the frequencies."""
+        return bool(self.scale or self.offset)
+
+    def with_coordinates(self, scale=(), offset=()) -> "PairRotation":
+        """This rotation applied to S_a x_a + O_a (one value for all axes, or one per axis)."""
+        from dataclasses import replace
+
+        def per_axis(v):
+            v = tuple(float(t) for t in v)
+            return v * self.n_axes if len(v) == 1 else v
+
+        scale, offset = per_axis(scale), per_axis(offset)
+        if all(t == 1 for t in scale) and all(t == 0 for t in offset):
+            return self
+        words = [f"scale {list(scale)}"] * bool(scale) + [f"offset {list(offset)}"] * bool(offset)
+        return replace(self, scale=scale, offset=offset, description=f"{self.description}, {', '.join(words)}")
+
     def pair_positions(self, positions) -> np.ndarray:
         """x_{axis_p} for every pair: shape (*positions.shape[:-1], n_pairs)."""
         m = np.asarray(positions)
@@ -69,9 +105,35 @@ class PairRotation:
             raise ValueError(f"positions must end in an axis of size {self.n_axes}, got shape {m.shape}")
         return m[..., self.arrays[2]]
 
+    def _pair_affine(self) -> tuple[np.ndarray, np.ndarray]:
+        """(S, O) of every pair's axis."""
+        axis = self.arrays[2]
+        return np.asarray(self.scale or (1.0,) * self.n_axes)[axis], np.asarray(self.offset or (0.0,) * self.n_axes)[
+            axis
+        ]
+
+    def pair_coordinates(self, positions) -> np.ndarray:
+        """S_a x_a + O_a for every pair's axis a, in float64 (exact for integer positions,
+        and for float32 ones unscaled and not offset)."""
+        x = self.pair_positions(positions).astype(np.float64)
+        if not self.affine:
+            return x
+        scale, offset = self._pair_affine()
+        return x * scale + offset
+
+    def angle_magnitudes(self, positions) -> np.ndarray:
+        """|S_a x_a| + |O_a| for every pair's axis: the size of the coordinate a float32
+        kernel rounds on its way to the angle (``tolerance.rotation_bound``)."""
+        x = np.abs(self.pair_positions(positions).astype(np.float64))
+        if not self.affine:
+            return x
+        scale, offset = self._pair_affine()
+        return x * np.abs(scale) + np.abs(offset)
+
     def angles(self, positions) -> np.ndarray:
-        """phi_p = x_{axis_p} theta_p in float64 (exact integer or half-integer positions)."""
-        return self.pair_positions(positions).astype(np.float64) * self.arrays[3]
+        """phi_p = theta_p (S x + O)_{axis_p} + phase_p in float64."""
+        phi = self.pair_coordinates(positions) * self.arrays[3]
+        return phi + np.asarray(self.phase, dtype=np.float64) if self.phase else phi
 
     def apply(self, x, positions, *, inverse: bool = False) -> np.ndarray:
         """R_x v for v = x (batch, seq, heads, head_dim) at positions (batch, seq, n_axes)."""
@@ -79,7 +141,7 @@ class PairRotation:
         m = np.asarray(positions)
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"this convention has head_dim {self.head_dim}, got x of shape {x.shape}")
-        phi = self.angles(-m if inverse else m)
+        phi = -self.angles(m) if inverse else self.angles(m)  # R_P^T turns every pair back
         phi = phi.reshape(phi.shape[:-1] + (1,) * (x.ndim - phi.ndim) + phi.shape[-1:])
         i, j, _, _ = self.arrays
         a, b = x[..., i], x[..., j]
@@ -89,8 +151,11 @@ class PairRotation:
         return y
 
     def generators(self) -> list:
-        """B_k (head_dim x head_dim), skew-symmetric, with R_x = expm(sum_k x_k B_k)."""
+        """B_k (head_dim x head_dim), skew-symmetric, with R_x = expm(sum_k x_k B_k) (times
+        R at x = 0 where pairs turn there: ``turns_at_zero``)."""
         i, j, axis, theta = self.arrays
+        if self.scale:
+            theta = theta * np.asarray(self.scale)[axis]
         out = []
         for k in range(self.n_axes):
             b = np.zeros((self.head_dim, self.head_dim))
@@ -125,12 +190,26 @@ def axial(
     base=DEFAULT_BASE,
     split: Optional[Sequence[int]] = None,
     thetas: Optional[Sequence] = None,
+    pair_span: str = "axis",
 ) -> PairRotation:
     """Features split into consecutive per-axis blocks (``split``: features per axis, even,
     default head_dim / n_axes each); block k is a 1-D RoPE of its own width with
     ``layout`` and theta_i = base_k^(-2i/width) (``base``: one value or one per axis), or
-    the given per-axis ``thetas``. Features past the blocks pass through."""
+    the given per-axis ``thetas``. Features past the blocks pass through.
+
+    ``pair_span="head"`` (half layout; Qwen2.5-VL's vision tower, DINOv3, Cosmos, CogView4):
+    the pairs span the whole rotated head instead of each block, as rotate_half of the
+    head pairs them: with r = sum(split), pair p is features (p, p + r/2); the pairs are
+    dealt to the axes in consecutive blocks of split_k / 2, axis order, and pair j of axis
+    k turns by x_k base_k^(-2j / split_k), as in each axis' own block."""
     check_layout(layout)
+    if pair_span not in PAIR_SPANS:
+        raise ValueError(f"pair span must be one of {', '.join(PAIR_SPANS)}, got {pair_span!r}")
+    if pair_span == "head" and layout != "half":
+        raise ValueError(
+            "--pair-span head pairs feature p with p + r/2 (rotate_half of the head): it needs --layout half "
+            "(interleaved pairs are adjacent features whatever the span)"
+        )
     if n_axes < 1:
         raise ValueError(f"n_axes must be >= 1, got {n_axes}")
     if split is None:
@@ -142,17 +221,23 @@ def axial(
         raise ValueError(f"split {split}: each block must be even and positive, in all <= head_dim {head_dim}")
     bases = _split(None if isinstance(base, (int, float)) else base, n_axes, base, "base")
     first, second, axis, theta = [], [], [], []
-    start = 0
+    start, half = 0, sum(split) // 2
     for k, width in enumerate(split):
-        i, j = pair_indices(width, layout)
         t = inv_freq(width, float(bases[k])) if thetas is None else np.asarray(thetas[k], np.float64)
         if t.shape != (width // 2,):
             raise ValueError(f"axis {k}: {width // 2} frequencies expected, got {t.shape}")
-        first += (i + start).tolist()
-        second += (j + start).tolist()
+        if pair_span == "head":  # pairs start // 2 .. of the head's r/2, each with its partner r/2 on
+            i = np.arange(width // 2) + start // 2
+            j = i + half
+        else:
+            i, j = pair_indices(width, layout)
+            i, j = i + start, j + start
+        first += i.tolist()
+        second += j.tolist()
         axis += [k] * (width // 2)
         theta += t.tolist()
         start += width
+    span = ", pairs span the head" if pair_span == "head" else ""
     return PairRotation(
         head_dim,
         n_axes,
@@ -160,7 +245,7 @@ def axial(
         tuple(second),
         tuple(axis),
         tuple(theta),
-        f"axial {n_axes}-D, split {list(split)}, {layout}",
+        f"axial {n_axes}-D, split {list(split)}, {layout}{span}",
     )
 
 

@@ -455,8 +455,8 @@ def test_junit_report_of_a_passing_target(tmp_path):
 HELP_GROUPS = {
     "Target": ("TARGET", "--call", "--api", "--cp-size", "--in-process", "--max-position", "--device", "--no-backward", "--inplace"),
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
-    "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base",
-               "--scale-base", "--gamma"),
+    "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base", "--pair-span",
+               "--positions", "--coord-range", "--coord-scale", "--coord-offset", "--scale-base", "--gamma"),
     "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize", "--jobs",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),

@@ -93,6 +93,7 @@ class Subject(Protocol):
     call: str  # its call form (CALL_FORMS)
     convention: Any  # its family's convention (None: spec-free checks only)
     n_axes: int  # position axes (1 for 1-D RoPE)
+    coordinates: Any  # N-D: the coordinates it takes (properties.nd.coordinates; None: token indices)
     head_dims: tuple  # head sizes it accepts (() any even head size)
     rotary_dim: Optional[int]  # rotated features (the head sizes it accepts are >= it)
     dtypes: tuple

@@ -212,7 +212,7 @@ class Case:
     seq: int
     heads: int
     head_dim: int
-    positions: tuple  # (batch, seq) nested tuple of ints
+    positions: tuple  # (batch, seq) nested tuple of ints (of float32 values: ``position_dtype``)
     memory: str = "contiguous"
     scale: float = 1.0
     seed: int = 0
@@ -225,6 +225,7 @@ class Case:
     n_axes: int = 1
     k_memory: str = ""  # qk, separate, own k layout: k's memory layout ("" q's)
     choices: tuple = ()  # ((factor, class), ...): how the interface is called ("" none)
+    position_dtype: str = "int64"  # float32: the coordinates of an image or video model (N-D)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -235,11 +236,11 @@ class Case:
         """The positions as the target takes them: (batch, seq), or (batch, seq, n_axes) for
         more than one axis."""
         shape = (self.batch, self.seq) + ((self.n_axes,) if self.n_axes > 1 else ())
-        return np.asarray(self.positions, dtype=np.int64).reshape(shape)
+        return np.asarray(self.positions, dtype=self.position_dtype).reshape(shape)
 
     def axes_array(self) -> np.ndarray:
         """The positions with their axes: (batch, seq, n_axes), one axis included."""
-        return np.asarray(self.positions, dtype=np.int64).reshape(self.batch, self.seq, self.n_axes)
+        return np.asarray(self.positions, dtype=self.position_dtype).reshape(self.batch, self.seq, self.n_axes)
 
     def positions_tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.positions_array())
@@ -315,10 +316,13 @@ class Case:
     def with_positions(self, positions: np.ndarray) -> "Case":
         from dataclasses import replace
 
-        return replace(self, positions=nested(positions))
+        return replace(self, positions=nested(positions, self.position_dtype))
 
     def describe(self) -> str:
         p = self.positions_array()
+        if self.position_dtype != "int64":  # float32 coordinates, each as its shortest decimal
+            shown = abridged(np.vectorize(lambda v: str(np.float32(v)), otypes=[object])(p))
+            return f"{self._form()} {self.dtype}, seed {self.seed}; float32 positions {shown} ({self.n_axes} axes)"
         if self.n_axes > 1:
             return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
         rows = abridged(p).strip("[]")
@@ -345,10 +349,11 @@ class Case:
         return f"x: shape {self.shape}"
 
 
-def nested(positions) -> tuple:
-    """Positions as nested tuples (a Case is hashable and printable)."""
-    p = np.asarray(positions, dtype=np.int64)
-    return tuple(nested(row) for row in p) if p.ndim > 1 else tuple(p.tolist())
+def nested(positions, dtype=np.int64) -> tuple:
+    """Positions as nested tuples (a Case is hashable and printable); ``dtype`` float32 for
+    coordinates (exact in the tuple's Python floats)."""
+    p = np.asarray(positions, dtype=dtype)
+    return tuple(nested(row, dtype) for row in p) if p.ndim > 1 else tuple(p.tolist())
 
 
 SHOWN = 10  # values of a list a printed line shows (the first and last halves)

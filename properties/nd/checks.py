@@ -49,6 +49,7 @@ from ropecheck.properties.inputs.strategies import (
     seq_lengths,
     small_offsets,
 )
+from ropecheck.properties.nd.coordinates import TOKEN_INDICES, Coordinates
 from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
 from ropecheck.reference.nd import PairRotation
 
@@ -65,6 +66,17 @@ def limit(target: Subject) -> int:
 def room(target: Subject, positions: np.ndarray) -> int:
     """How far positions may still be shifted up."""
     return max(limit(target) - int(positions.max()), 1)
+
+
+def coordinates_of(target: Subject) -> Coordinates:
+    """The positions the target takes (``nd.coordinates``): token indices unless declared."""
+    return getattr(target, "coordinates", None) or TOKEN_INDICES
+
+
+def conventions_of(target: Subject) -> list:
+    """Every declared rotation of the target (one per head size it accepts; none spec-free)."""
+    conv = target.convention
+    return list(conv.values()) if isinstance(conv, dict) else ([conv] if conv is not None else [])
 
 
 def convention_for(target: Subject, head_dim: int) -> Optional[PairRotation]:
@@ -98,9 +110,23 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
         else:
             s = fitted_seq(s, 1, b * wide * head_dim, sizes)
         top = limit(target) // 2 - 64  # inputs stay below half the limit
-        base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
-        p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
-        case = Case(dtype, b, s, h, head_dim, nested(p), seed=d(st.integers(0, 2**16)), n_axes=target.n_axes)
+        coords = coordinates_of(target)
+        if coords.token_indices:
+            base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
+            p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
+        else:  # image / video coordinates: a grid or scattered over the declared ranges
+            p = coords.draw(d, b, s, target.n_axes)
+        case = Case(
+            dtype,
+            b,
+            s,
+            h,
+            head_dim,
+            nested(p, p.dtype),
+            seed=d(st.integers(0, 2**16)),
+            n_axes=target.n_axes,
+            position_dtype=str(p.dtype),
+        )
         if target.call == "qk":  # q's heads, then GQA / MQA k's (1 < k_heads < q_heads with 4)
             q_heads = grouped[0] if grouped else d(st.sampled_from((1, 2, 4)))
             kv = grouped[1] if grouped else d(k_heads(q_heads, False))
@@ -116,18 +142,23 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
 class NDContext(FamilyContext):
     """The N-D family's context: f in float64 and the generic per-unit-norm bound."""
 
+    @property
+    def coords(self) -> Coordinates:
+        return coordinates_of(self.target)
+
     def positions(self, positions: np.ndarray) -> torch.Tensor:
-        """Positions (batch, seq, n_axes) as the target takes them: one axis (1-D RoPE, the
-        N-D case with one axis) as (batch, seq)."""
-        p = np.array(positions, dtype=np.int64)
+        """Positions (batch, seq, n_axes) as the target takes them: int64, or float32
+        coordinates; one axis (1-D RoPE, the N-D case with one axis) as (batch, seq)."""
+        p = np.array(self.coords.given(positions))
         return torch.from_numpy(p[..., 0].copy() if self.target.n_axes == 1 else p)
 
     def f(self, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
         return as_float64(self.rope(x, self.positions(positions)))
 
     def eps(self, positions: np.ndarray) -> np.ndarray:
-        """Allowed error per unit head-vector norm, generic angle term: (b, s, 1)."""
-        return self.model.vector_unit_bound(np.abs(positions).max(-1))
+        """Allowed error per unit head-vector norm, generic angle term: (b, s, 1), in units
+        of the largest |S_k x_k| + |O_k| (frequencies of at most 1 per unit, as theta_0 = 1)."""
+        return self.model.vector_unit_bound(self.coords.magnitudes(positions).max(-1))
 
 
 def _norms(v):
@@ -135,8 +166,25 @@ def _norms(v):
 
 
 # N-D RoPE (axial, M-RoPE, spec-free N-D): rope(x, positions) with positions (batch, seq, n_axes)
+AT_ZERO = ("identity", "commutation")  # the laws of a map that does not turn at x = 0
+
+
+def _applies(prop: Property, target: Subject) -> tuple[bool, str]:
+    """Identity and commutation hold only where no pair turns at x = 0: an offset
+    (--coord-offset) or a pair's phase turns every position by a constant angle, so
+    f(x, 0) = R_O x and f(f(x, P), Q) = f(x, P + Q + O / S); the reference judges those."""
+    if prop.name in AT_ZERO and (
+        coordinates_of(target).offsets_angles or any(c.turns_at_zero for c in conventions_of(target))
+    ):
+        return False, "the declared map turns pairs at x = 0 (an offset or a phase): the reference judges it"
+    return True, ""
+
+
 ND = Family(
-    "N-D", NDContext, lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq"))
+    "N-D",
+    NDContext,
+    lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq")),
+    applies=_applies,
 )
 
 
@@ -185,14 +233,30 @@ def _scores(ctx, q, k, p):
 def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> float:
     q, k, p = case.tensor(0), case.tensor(1), case.axes_array()
     s0, b0 = _scores(ctx, q, k, p)
-    s1, b1 = _scores(ctx, q, k, p + shift)
+    s1, b1 = _scores(ctx, q, k, ctx.coords.given(p + shift))
     return assert_close(s1, s0, b0 + b1 + 2 * ctx.model.floor, axes=("batch", "head", "query", "key"), what=what)
 
 
 def _shift_extra(ctx, case):
-    return st.fixed_dictionaries(
-        {"axis": st.integers(0, ctx.target.n_axes - 1), "c": st.integers(1, room(ctx.target, case.axes_array()))}
+    coords, n_axes = ctx.coords, ctx.target.n_axes
+    c = (
+        st.integers(1, room(ctx.target, case.axes_array()))
+        if coords.token_indices
+        else coords.shift(n_axes, nonzero=True)
     )
+    return st.fixed_dictionaries({"axis": st.integers(0, n_axes - 1), "c": c})
+
+
+def _shift_vector(ctx, case, lowest, highest: int = 4096):
+    """Shifts c of every axis: token indices from ``lowest`` to ``highest`` (within the
+    room left), coordinates within their ranges' width."""
+    coords, n_axes = ctx.coords, ctx.target.n_axes
+    one = (
+        st.integers(lowest, min(highest, room(ctx.target, case.axes_array())))
+        if coords.token_indices
+        else coords.shift(n_axes)
+    )
+    return st.lists(one, min_size=n_axes, max_size=n_axes)
 
 
 @nd_register(
@@ -201,8 +265,8 @@ def _shift_extra(ctx, case):
     extras=_shift_extra,
     case_options={"max_seq": SCORES_MAX_SEQ},
 )
-def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
-    shift = np.zeros(ctx.target.n_axes, dtype=np.int64)
+def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c) -> float:
+    shift = np.zeros(ctx.target.n_axes, dtype=np.asarray(c).dtype)
     shift[axis] = c
     return _relativity(ctx, case, shift, f"scores after shifting axis {axis} by {c}")
 
@@ -210,40 +274,24 @@ def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c: int) -> float:
 @nd_register(
     name="relativity-joint",
     formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
-    extras=lambda ctx, case: st.fixed_dictionaries(
-        {
-            "c": st.lists(
-                st.integers(-int(case.axes_array().min()), min(4096, room(ctx.target, case.axes_array()))),
-                min_size=ctx.target.n_axes,
-                max_size=ctx.target.n_axes,
-            )
-        }
-    ),
+    extras=lambda ctx, case: st.fixed_dictionaries({"c": _shift_vector(ctx, case, -int(case.axes_array().min()))}),
     case_options={"max_seq": SCORES_MAX_SEQ},
 )
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
-    return _relativity(ctx, case, np.asarray(c, dtype=np.int64), f"scores after shifting all axes by {c}")
+    return _relativity(ctx, case, np.asarray(c), f"scores after shifting all axes by {c}")
 
 
 @nd_register(
     name="commutation",
     formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
-    extras=lambda ctx, case: st.fixed_dictionaries(
-        {
-            "q": st.lists(
-                st.integers(0, min(4096, room(ctx.target, case.axes_array()))),
-                min_size=ctx.target.n_axes,
-                max_size=ctx.target.n_axes,
-            )
-        }
-    ),
+    extras=lambda ctx, case: st.fixed_dictionaries({"q": _shift_vector(ctx, case, 0)}),
 )
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.axes_array()
-    steps = np.broadcast_to(np.asarray(q, dtype=np.int64), p.shape).copy()
+    steps = ctx.coords.given(np.broadcast_to(np.asarray(q), p.shape))
     once = ctx.rope(x, ctx.positions(p))
     twice = ctx.f(once, steps)
-    direct = ctx.f(x, p + steps)
+    direct = ctx.f(x, ctx.coords.given(p + steps))
     n = _norms(as_float64(x))
     bound = n * (ctx.eps(p) + ctx.eps(steps) + ctx.eps(p + steps))[..., 0][..., None] + 3 * ctx.model.floor
     return assert_close(
@@ -263,7 +311,19 @@ def invertibility_shifts(ctx: NDContext, head_dim: int) -> tuple:
     fastest pair that axis drives by about half a turn. A small c moves an axis that drives
     only low frequencies (M-RoPE's w at base 1e6: theta <= 1.8e-4) by less than rounding
     noise; a large one can land a single fast pair near a whole turn: with several, one
-    of them moves some pair of every axis that has any."""
+    of them moves some pair of every axis that has any. Coordinates: ``turning_shifts``
+    (their ranges' width, 1, and per axis pi / (theta_max |S|), spec-free theta_max = 1)."""
+    coords = ctx.coords
+    if not coords.token_indices:
+        conv, n_axes = convention_for(ctx.target, head_dim), ctx.target.n_axes
+        scales = np.abs(coords.scales(n_axes))
+        if conv is None:
+            return coords.turning_shifts([math.pi / s for s in scales], n_axes)
+        _, _, axis, theta = conv.arrays
+        fastest = [float(theta[axis == k].max()) for k in sorted(set(axis.tolist()))]
+        return coords.turning_shifts(
+            [math.pi / (t * scales[k]) for k, t in zip(sorted(set(axis.tolist())), fastest) if t > 0], n_axes
+        )
     cap = limit(ctx.target) // 4
     shifts = {prime_step(INVERTIBILITY_STEP, cap), prime_step(cap, cap)}
     conv = convention_for(ctx.target, head_dim)
@@ -283,7 +343,7 @@ def _element_noise(ctx: NDContext, x64: np.ndarray, p: np.ndarray, head_dim: int
     conv = convention_for(ctx.target, head_dim)
     if conv is not None:
         return ctx.model.rotation_bound(conv, x64, p)
-    angle = ctx.model.angle_error(np.abs(p).max(-1))[..., None, None]  # (b, s, 1, 1)
+    angle = ctx.model.angle_error(ctx.coords.magnitudes(p).max(-1))[..., None, None]  # (b, s, 1, 1)
     return np.broadcast_to(ctx.model.pair_bound(math.sqrt(2.0), angle), x64.shape)
 
 
@@ -301,16 +361,19 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
     exceeds the sum of both calls' element bounds shows that P moved it; the check needs
     one such element per head vector and step (the best of the shifts)."""
     shifts = invertibility_shifts(ctx, case.head_dim)
-    p = case.axes_array() + max(shifts)  # keeps P + c (e_j - e_k) >= 0
+    p = case.axes_array()
+    if ctx.coords.token_indices:
+        p = p + max(shifts)  # keeps P + c (e_j - e_k) >= 0
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))
     x64 = as_float64(x)
     n_axes = ctx.target.n_axes
     base, base_noise = ctx.f(x, p), _element_noise(ctx, x64, p, case.head_dim)
-    eye = np.eye(n_axes, dtype=np.int64)
+    eye = np.eye(n_axes, dtype=p.dtype)
     steps = [eye[k] for k in range(n_axes)] + [eye[j] - eye[k] for j in range(n_axes) for k in range(j + 1, n_axes)]
     worst = 0.0
     for step in steps:
-        moved = [(ctx.f(x, p + c * step), _element_noise(ctx, x64, p + c * step, case.head_dim)) for c in shifts]
+        at = [ctx.coords.given(p + c * step) for c in shifts]
+        moved = [(ctx.f(x, q), _element_noise(ctx, x64, q, case.head_dim)) for q in at]
         worst = max(
             worst,
             assert_moved(

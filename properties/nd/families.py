@@ -4,6 +4,9 @@ per-axis blocks, M-RoPE sections, or none (the spec-free checks only)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ropecheck.properties.nd import coordinates
 from ropecheck.properties.nd.checks import ND
 from ropecheck.properties.property import Declaration, FamilyError
 from ropecheck.reference import nd as ndref
@@ -37,6 +40,23 @@ def _head_dims(parameters: dict, n_axes: int) -> tuple:
     return (sum(split),) if split else (4 * n_axes, 32 * n_axes)
 
 
+def _coordinates(parameters: dict, n_axes: int):
+    """The declared coordinates (None: token indices), a usage error said as one."""
+    try:
+        return coordinates.declared(parameters, n_axes)
+    except ValueError as exc:
+        raise FamilyError(str(exc)) from None
+
+
+def _declaration(conventions, parameters: dict, n_axes: int, **fields) -> Declaration:
+    """An N-D declaration: the rotation of each head size applied to the declared
+    coordinates (S_a x_a + O_a), and the coordinates the checks draw."""
+    coords = _coordinates(parameters, n_axes)
+    if coords is not None and conventions is not None:
+        conventions = {d: c.with_coordinates(coords.scale, coords.offset) for d, c in conventions.items()}
+    return Declaration(conventions, n_axes=n_axes, dtypes=ND_DTYPES, coordinates=coords, **fields)
+
+
 def _declare_axial(parameters: dict, own) -> Declaration:
     n_axes = _axes(parameters)
     head_dims = _head_dims(parameters, n_axes)
@@ -47,13 +67,18 @@ def _declare_axial(parameters: dict, own) -> Declaration:
     try:
         conventions = {
             d: ndref.axial(
-                d, n_axes, layout=parameters["layout"], base=_bases(parameters), split=parameters.get("split")
+                d,
+                n_axes,
+                layout=parameters["layout"],
+                base=_bases(parameters),
+                split=parameters.get("split"),
+                pair_span=parameters.get("pair_span") or "axis",
             )
             for d in head_dims
         }
     except (ValueError, TypeError) as exc:
         raise FamilyError(str(exc)) from None
-    return Declaration(conventions, n_axes=n_axes, head_dims=head_dims, dtypes=ND_DTYPES)
+    return _declaration(conventions, parameters, n_axes, head_dims=head_dims)
 
 
 def _declare_mrope(parameters: dict, own) -> Declaration:
@@ -85,16 +110,18 @@ def _declare_mrope(parameters: dict, own) -> Declaration:
         }
     except (ValueError, TypeError) as exc:
         raise FamilyError(str(exc)) from None
-    conv = conventions[rotated] if rotary_dim is None else conventions
-    return Declaration(conv, n_axes=len(sections), head_dims=head_dims, dtypes=ND_DTYPES, rotary_dim=rotary_dim)
+    declared = _declaration(conventions, parameters, len(sections), head_dims=head_dims, rotary_dim=rotary_dim)
+    if rotary_dim is None:  # one head size: its rotation alone
+        return replace(declared, convention=declared.convention[rotated])
+    return declared
 
 
 def _declare_nd(parameters: dict, own) -> Declaration:
     n_axes = _axes(parameters)
-    return Declaration(None, n_axes=n_axes, head_dims=_head_dims(parameters, n_axes), dtypes=ND_DTYPES)
+    return _declaration(None, parameters, n_axes, head_dims=_head_dims(parameters, n_axes))
 
 
-_CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes)"
+_CONTRACT = "rope(x, positions), positions int64 (batch, seq, n_axes), or float32 coordinates (--positions float)"
 ND_FAMILIES = (
     ND.variant("axial", _declare_axial, f"{_CONTRACT}: features split into per-axis blocks, a 1-D RoPE in each"),
     ND.variant(

@@ -51,6 +51,16 @@ def numbers(value) -> list:
     return values
 
 
+def coordinate_ranges(value) -> list:
+    """``-32:32,0:1`` (LO:HI per axis, or one for all) as [(lo, hi), ...]."""
+    from ropecheck.properties.nd.coordinates import parse_range
+
+    values = [parse_range(v) for v in words(value)]
+    if not values:
+        raise ValueError("expected LO:HI ranges, comma-separated, got nothing")
+    return values
+
+
 def base_value(value):
     """One frequency base, or one per axis (the N-D families): a number or a list."""
     values = numbers(value)

@@ -87,11 +87,19 @@ class Option:
             return [w for item in value for w in (self.cli, _text(item))]
         if isinstance(value, (list, tuple)):
             value = ",".join(_text(v) for v in value)
-        return [self.cli, _text(value)]
+        text = _text(value)
+        return [f"{self.cli}={text}"] if text.startswith("-") else [self.cli, text]  # not read as a flag
 
 
 def _text(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A value as the command line writes it: a number in its shortest exact form, a
+    range (lo, hi) as LO:HI."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return ":".join(_text(float(v)) for v in value)
+    return str(value)
 
 
 def spelled(option: Option, door: str) -> str:

@@ -26,11 +26,14 @@ from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.sanitizer import TOOLS
 from ropecheck.properties.core.contract import CALL_FORMS
 from ropecheck.properties.families import FAMILIES
+from ropecheck.properties.nd.coordinates import FLOAT_RANGE, KINDS
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES
 from ropecheck.reference import LAYOUTS
+from ropecheck.reference.nd import PAIR_SPANS
 from ropecheck.session.converters import (
     at_least,
     base_value,
+    coordinate_ranges,
     device_name,
     dtype_names,
     integer,
@@ -136,6 +139,28 @@ OPTIONS: tuple[Option, ...] = (
         joined=True, families=("axial", "nd")),
     Option("nd_base", "One frequency base per axis, e.g. 10000,100 (--family axial).", FAMILY, numbers, kind=LIST,
         joined=True, families=("axial",)),
+    Option("pair_span",
+        "Where --layout half pairs lie (--family axial): axis (default: pairs inside each axis' block) or head "
+        "(pair p is features (p, p + r/2) of the rotated head, dealt to the axes in consecutive blocks: "
+        "Qwen2.5-VL's vision tower, DINOv3, Cosmos).",
+        FAMILY, choices=PAIR_SPANS, families=("axial",)),
+    Option("positions",
+        "What the target's positions are (--family axial, mrope, nd): int (default; int64 token indices from 0, "
+        "or integers in --coord-range) or float (float32 coordinates of image and video models, default range "
+        f"{FLOAT_RANGE[0]:g}:{FLOAT_RANGE[1]:g}). See docs/families.md.",
+        FAMILY, choices=KINDS, families=ROTATION_FAMILIES),
+    Option("coord_range",
+        "The positions drawn, LO:HI per axis or one for all, negative allowed, e.g. --coord-range=-32:32 "
+        "(written with '=' when it starts with '-'; --family axial, mrope, nd).",
+        FAMILY, coordinate_ranges, kind=LIST, joined=True, families=ROTATION_FAMILIES, metavar="LO:HI[,LO:HI...]"),
+    Option("coord_scale",
+        "The rotation turns pair p by theta_p (S_a x_a + O_a): S per axis or one for all (e.g. 6.2832 for "
+        "DINOv3's 2 pi / period; default 1).",
+        FAMILY, numbers, kind=LIST, joined=True, families=ROTATION_FAMILIES, metavar="S[,S...]"),
+    Option("coord_offset",
+        "O per axis or one for all in theta_p (S_a x_a + O_a) (default 0; with an offset f(x, 0) != x, so identity "
+        "and commutation give way to the reference). Written --coord-offset=-8 when negative.",
+        FAMILY, numbers, kind=LIST, joined=True, families=ROTATION_FAMILIES, metavar="O[,O...]"),
     Option("scale_base", "The scale base s of zeta^(m/s) (--family xpos; default 512).", FAMILY, at_least(0.0, number),
         families=("xpos",)),
     Option("gamma", "zeta_i = (2i/d + gamma)/(1 + gamma) (--family xpos; default 0.4).", FAMILY, at_least(0.0, number),
@@ -227,6 +252,11 @@ FAMILY_PARAMETERS = (
     "scale_base",
     "gamma",
     "mrope_interleaved",
+    "pair_span",
+    "positions",
+    "coord_range",
+    "coord_scale",
+    "coord_offset",
 )  # (in the order a header shows them)
 
 

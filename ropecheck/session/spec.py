@@ -142,6 +142,7 @@ def declare(target: Target, options: Options) -> Target:
         call=call,
         convention=declared.convention,
         n_axes=declared.n_axes,
+        coordinates=declared.coordinates,
         head_dims=declared.head_dims or target.head_dims,
         rotary_dim=declared.rotary_dim or target.rotary_dim,
         dtypes=declared.dtypes or target.dtypes,

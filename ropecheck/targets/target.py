@@ -45,6 +45,8 @@ class Target:
     inplace: bool = False
     rotary_dim: Optional[int] = None
     n_axes: int = 1  # position axes
+    # the coordinates an N-D target takes (properties.nd.coordinates; None: token indices)
+    coordinates: Any = None
     head_dims: tuple = ()  # head sizes it accepts (N-D, xPos); () any even one
     max_position: Optional[int] = None  # largest position (per axis) it accepts (a fixed table)
     k_optional: bool = False  # qk: accepts k=None

@@ -1,0 +1,130 @@
+"""RoPE of image and video models on coordinates, written here in the style of the real
+code (each names the model whose convention it follows), right and with the real bugs of
+that world, for tests/test_nd_coordinates.py. Every kernel takes x (batch, seq, heads,
+head_dim) and positions (batch, seq, n_axes): int64 patch indices or float32 coordinates.
+"""
+
+import math
+
+import torch
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _apply_half(x, angles):
+    """rotate_half of the whole head with angles (b, s, head_dim / 2), in float32."""
+    emb = torch.cat((angles, angles), dim=-1)[:, :, None, :]
+    xf = x.float()
+    return (xf * emb.cos() + _rotate_half(xf) * emb.sin()).to(x.dtype)
+
+
+def _apply_interleaved(x, angles):
+    """Adjacent pairs (2i, 2i + 1) turned by angles (b, s, head_dim / 2), as complex numbers."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    rot = torch.polar(torch.ones_like(angles), angles)[:, :, None, :]
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)
+
+
+# --- DINOv3: coordinates in [-1, 1], angles 2 pi x / period, pairs across the head -------------
+DINO_BASE = 100.0
+
+
+def _dino_angles(coords, head_dim, dtype=torch.float32):
+    periods = DINO_BASE ** (2 * torch.arange(head_dim // 4, dtype=dtype) / (head_dim // 2))
+    angles = 2 * math.pi * coords.to(dtype)[..., None] / periods  # (b, s, 2, head_dim / 4)
+    return angles.flatten(-2).float()  # h's frequencies, then w's
+
+
+def dinov3(x, coords):
+    return _apply_half(x, _dino_angles(coords, x.shape[-1]))
+
+
+def dinov3_bf16_angles(x, coords):
+    """dinov3 #243: the periods and angles computed in bfloat16 whatever the model's dtype."""
+    return _apply_half(x, _dino_angles(coords, x.shape[-1], torch.bfloat16))
+
+
+# --- frequencies far above 1 rad per unit: coordinates of size 1, frequencies up to 1e4 ------
+FAST = 10000.0  # rad per unit coordinate of the fastest pair
+
+
+def fast_axial(x, coords):
+    """Two axes, each a half block, theta_j = 10000^(-2j/w), coordinates scaled by FAST."""
+    d = x.shape[-1] // 2
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    outs = []
+    for k, block in enumerate(x.split(d, dim=-1)):
+        angles = (coords[..., k].float() * FAST)[..., None] * theta
+        outs.append(_apply_half(block, angles))
+    return torch.cat(outs, dim=-1)
+
+
+def fast_axial_bf16_angles(x, coords):
+    d = x.shape[-1] // 2
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    outs = []
+    for k, block in enumerate(x.split(d, dim=-1)):
+        angles = ((coords[..., k].float() * FAST)[..., None] * theta).bfloat16().float()
+        outs.append(_apply_half(block, angles))
+    return torch.cat(outs, dim=-1)
+
+
+# --- Qwen2.5-VL's vision tower: (h, w) patch indices, rotate_half over the head -----------------
+def qwen25vl_vision(x, positions):
+    """inv_freq over head_dim / 2 features (each axis' frequencies), h's then w's, cat twice."""
+    dim = x.shape[-1] // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = (positions.float()[..., None] * inv_freq).flatten(-2)  # (b, s, 2 * dim / 2)
+    return _apply_half(x, freqs)
+
+
+# --- Qwen-Image: a centred grid (negative rows and columns), complex pairs per axis -------------
+QWEN_IMAGE_AXES = (16, 56, 56)  # frame, height, width features
+
+
+def _axis_freqs(width, base=10000.0):
+    return 1.0 / base ** (torch.arange(0, width, 2, dtype=torch.float64) / width)
+
+
+def qwen_image(x, positions):
+    angles = torch.cat(
+        [positions[..., k].double()[..., None] * _axis_freqs(w) for k, w in enumerate(QWEN_IMAGE_AXES)], -1
+    )
+    return _apply_interleaved(x, angles.float())
+
+
+def qwen_image_table_wraps(x, positions):
+    """The angles looked up in a table of positions 0 .. 4095: a negative row indexes it from
+    its end (torch's negative indexing), the position 4096 + p instead of p."""
+    table = torch.cat([torch.arange(4096, dtype=torch.float64)[:, None] * _axis_freqs(w) for w in QWEN_IMAGE_AXES], -1)
+    starts = [0, 8, 36]
+    angles = torch.cat(
+        [table[positions[..., k]][..., s : s + w // 2] for k, (s, w) in enumerate(zip(starts, QWEN_IMAGE_AXES))], -1
+    )
+    return _apply_interleaved(x, angles.float())
+
+
+# --- Flux: float position ids (text ids 0, image ids the patch grid), complex pairs per axis -----
+def flux(x, ids):
+    """axes_dim 16, 56, 56 at theta 10000 on float32 ids, in float64 as FluxPosEmbed computes."""
+    angles = torch.cat([ids[..., k].double()[..., None] * _axis_freqs(w) for k, w in enumerate(QWEN_IMAGE_AXES)], -1)
+    return _apply_interleaved(x, angles.float())
+
+
+def flux_ids_in_bf16(x, ids):
+    """The position ids stored in the model's dtype (bf16): ids above 256 round to even ones."""
+    return flux(x, ids.bfloat16().float())
+
+
+# --- CogVideoX-like: a crop grid that starts at an offset ----------------------------------
+OFFSET = 8.0
+
+
+def offset_grid(x, positions):
+    """Two axes, interleaved blocks, angles theta_j (x + 8)."""
+    d = x.shape[-1] // 2
+    angles = torch.cat([(positions[..., k].double() + OFFSET)[..., None] * _axis_freqs(d) for k in range(2)], -1)
+    return _apply_interleaved(x, angles.float())

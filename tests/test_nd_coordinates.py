@@ -1,0 +1,118 @@
+"""Image and video RoPE on coordinates (properties/nd/coordinates.py, --positions,
+--coord-range, --coord-scale, --coord-offset) and pairs that span the head (--pair-span
+head): each convention's right kernel passes and its real bug fails, through the CLI as a
+user runs it (kernels: tests/nd_coordinate_kernels.py)."""
+
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ropecheck.cli import main
+from ropecheck.properties.nd.coordinates import Coordinates, _grid_sides
+from ropecheck.reference.nd import axial
+
+KERNELS = "tests/nd_coordinate_kernels.py"
+DINO = ("--family", "axial", "--layout", "half", "--pair-span", "head", "--base", "100", "--positions", "float",
+        "--coord-range=-1:1", "--coord-scale", repr(2 * math.pi))
+FAST = ("--family", "axial", "--layout", "half", "--positions", "float", "--coord-range=-1:1", "--coord-scale", "10000")
+QWEN25VL = ("--family", "axial", "--layout", "half", "--pair-span", "head", "--split", "40,40")
+QWEN_IMAGE = ("--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "16,56,56",
+              "--coord-range=-32:32")
+FLUX = ("--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "16,56,56", "--positions", "float",
+        "--coord-range", "0:512")
+OFFSET = ("--family", "axial", "--layout", "interleaved", "--coord-range", "0:64")
+
+
+def _check(kernel, *flags, dtype="float32"):
+    return CliRunner().invoke(main, ["check", f"{KERNELS}:{kernel}", *flags, "--profile", "ci", "--dtype", dtype])
+
+
+@pytest.mark.parametrize("kernel, flags, dtype, code", [
+    ("dinov3", DINO, "float32", 0),
+    ("dinov3", DINO, "bfloat16", 0),
+    ("dinov3_bf16_angles", DINO, "float32", 1),  # dinov3 #243
+    ("fast_axial", FAST, "float32", 0),  # coordinates of size 1, frequencies up to 1e4 rad per unit
+    ("fast_axial_bf16_angles", FAST, "float32", 1),
+    ("qwen25vl_vision", QWEN25VL, "float32", 0),
+    ("qwen25vl_vision", QWEN25VL[:-4] + ("--layout", "half", "--split", "40,40"), "float32", 1),  # pairs per block
+    ("qwen_image", QWEN_IMAGE, "float32", 0),  # a centred grid: negative rows and columns
+    ("qwen_image_table_wraps", QWEN_IMAGE, "float32", 1),
+    ("flux", FLUX, "float32", 0),
+    ("flux_ids_in_bf16", FLUX, "float32", 1),  # ids above 256 rounded in bf16
+    ("offset_grid", OFFSET + ("--coord-offset", "8"), "float32", 0),
+    ("offset_grid", OFFSET, "float32", 1),
+])
+def test_conventions_on_coordinates(kernel, flags, dtype, code):
+    r = _check(kernel, *flags, dtype=dtype)
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output
+
+
+def test_an_offset_sets_identity_and_commutation_aside_and_the_reference_judges():
+    r = _check("offset_grid", *OFFSET, "--coord-offset", "8")
+    for name in ("identity", "commutation"):
+        assert any(name in line and "skip" in line for line in r.output.splitlines()), r.output
+    assert any("reference" in line and "pass" in line for line in r.output.splitlines()), r.output
+    r = _check("offset_grid", "--family", "nd", "--coord-range", "0:64", "--coord-offset", "8")  # spec-free
+    assert r.exit_code == 0, r.output
+
+
+def test_the_reproduce_line_spells_coordinates_exactly():
+    r = _check("dinov3_bf16_angles", *DINO, "--coord-offset=-0.5")
+    assert r.exit_code == 1
+    line = next(line for line in r.output.splitlines() if "reproduce:" in line)
+    assert "--coord-range=-1:1" in line and f"--coord-scale {2 * math.pi!r}" in line and "--coord-offset=-0.5" in line
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--family", "axial", "--layout", "half", "--coord-range", "3:1"), "LO < HI"),
+    (("--family", "axial", "--layout", "half", "--coord-range", "0:1.5"), "integer bounds"),
+    (("--family", "axial", "--layout", "half", "--coord-scale", "1,2,3"), "one per axis"),
+    (("--family", "axial", "--layout", "half", "--coord-range", "nope"), "LO:HI"),
+    (("--family", "axial", "--layout", "interleaved", "--pair-span", "head"), "--layout half"),
+    (("--family", "axial", "--layout", "half", "--positions", "complex"), "'int', 'float'"),
+])
+def test_bad_coordinate_flags_are_usage_errors(flags, words):
+    r = _check("dinov3", *flags)
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+
+
+def test_pair_span_head_is_rotate_half_of_the_head_dealt_to_the_axes():
+    conv = axial(12, 2, layout="half", split=[8, 4], pair_span="head")
+    # r = 12, pairs (p, p + 6): axis 0 takes pairs 0..3 with 10000^(-2j/8), axis 1 pairs 4..5 with 10000^(-2j/4)
+    assert conv.first == (0, 1, 2, 3, 4, 5) and conv.second == (6, 7, 8, 9, 10, 11)
+    assert conv.axis == (0, 0, 0, 0, 1, 1)
+    assert np.allclose(conv.theta, [1, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75, 1, 10000 ** -0.5])
+    per_block = axial(12, 2, layout="half", split=[8, 4])  # today's map: pairs inside each axis' block
+    assert per_block.first == (0, 1, 2, 3, 8, 9) and per_block.second == (4, 5, 6, 7, 10, 11)
+
+
+def test_scale_offset_and_the_inverse():
+    conv = axial(4, 2, layout="interleaved").with_coordinates((2.0,), (0.0, 8.0))
+    x = np.arange(4.0).reshape(1, 1, 1, 4) + 1
+    p = np.array([[[0.25, -1.5]]], dtype=np.float32)
+    assert np.allclose(conv.angles(p)[0, 0], [2 * 0.25, 2 * -1.5 + 8])
+    assert np.allclose(conv.apply(conv.apply(x, p), p, inverse=True), x)  # R_P^T R_P = I with the offset
+    assert conv.turns_at_zero and not axial(4, 2).with_coordinates((3.0,)).turns_at_zero
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from(["int", "float"]), st.integers(1, 3), st.integers(1, 40))
+def test_drawn_coordinates_stay_in_their_ranges(data, kind, n_axes, seq):
+    ranges = ((-7, 5), (0, 3), (-100, -90))[:n_axes]
+    coords = Coordinates(kind, ranges)
+    p = coords.draw(data.draw, 2, seq, n_axes)
+    assert p.shape == (2, seq, n_axes) and p.dtype == coords.dtype
+    lo, hi = coords.bounds(n_axes)
+    assert (p >= lo).all() and (p <= hi).all()
+
+
+def test_a_grid_holds_the_sequence():
+    for seq in range(1, 70):
+        for n_axes in (1, 2, 3):
+            sides = _grid_sides(seq, n_axes)
+            assert math.prod(sides) >= seq and len(sides) == n_axes
