@@ -225,12 +225,14 @@ class ErrorModel:
         """Allowed absolute error of each element of a rotated pair."""
         return pair_norms * self.relative_bound(angle_error, strict) + self.floor
 
-    def vector_unit_bound(self, positions) -> np.ndarray:
+    def vector_unit_bound(self, positions, angle_error=None) -> np.ndarray:
         """Allowed error of a whole head vector per unit of its norm, shape
         (*positions.shape, 1), without knowing the pairing: each pair's error vector is at
         most sqrt(2) times the per-element bound, so sqrt(2) (K_OPS u + dphi) (plus a
-        quantized output's floor, u8)."""
-        relative = self.relative_bound(self.allowed_angle_error(positions))[..., None]
+        quantized output's floor, u8); dphi the generic allowance at ``positions``, or the
+        largest of a declared rotation's pairs (``angle_error``, positions' shape)."""
+        dphi = self.allowed_angle_error(positions) if angle_error is None else angle_error
+        relative = self.relative_bound(dphi)[..., None]
         return math.sqrt(2.0) * relative + self.quantization_floor_unit
 
     def vector_bound(self, vector_norms, positions) -> np.ndarray:
@@ -262,6 +264,19 @@ class ErrorModel:
         bound[..., j] = pair
         return bound + self.quantization_floor(x64)
 
+    @staticmethod
+    def rotation_angle_error(conv, positions: np.ndarray) -> np.ndarray:
+        """dphi_p of every pair of an N-D rotation at ``positions`` (..., n_axes): shape
+        (..., pairs); see ``rotation_bound``."""
+        _, _, _, theta = conv.arrays
+        m = conv.angle_magnitudes(positions)
+        e_ln_base = np.maximum(-np.log(np.where(theta > 0, theta, 1.0)), 0.0)  # a zero frequency: none
+        ops = ANGLE_CONST + (2.0 if conv.affine else 0.0)
+        dphi = U32 * m * theta * (2.0 * e_ln_base + ops)
+        if conv.phase:
+            dphi = dphi + 2.0 * U32 * np.abs(np.asarray(conv.phase, dtype=np.float64))
+        return dphi
+
     def rotation_bound(self, conv, x64: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """``element_bound`` for an N-D rotation (``reference.nd.PairRotation``): pair p,
         driven by axis k, may err by rho (K_OPS u + dphi_p) + floor, dphi_p = u32 |x_k|
@@ -269,13 +284,8 @@ class ErrorModel:
         output rounding. Coordinates that are scaled or offset (S_k x_k + O_k) count in
         units of |S_k x_k| + |O_k| with the product and sum's two roundings more; a phase
         adds its own rounding, 2 u32 |phase_p|."""
-        i, j, _, theta = conv.arrays
-        m = conv.angle_magnitudes(positions)[:, :, None, :]  # (b, s, 1, pairs)
-        e_ln_base = np.maximum(-np.log(np.where(theta > 0, theta, 1.0)), 0.0)  # a zero frequency: none
-        ops = ANGLE_CONST + (2.0 if conv.affine else 0.0)
-        dphi = U32 * m * theta * (2.0 * e_ln_base + ops)
-        if conv.phase:
-            dphi = dphi + 2.0 * U32 * np.abs(np.asarray(conv.phase, dtype=np.float64))
+        i, j, _, _ = conv.arrays
+        dphi = self.rotation_angle_error(conv, positions)[:, :, None, :]  # (b, s, 1, pairs)
         pair = self.pair_bound(conv.pair_norms(x64), dphi)
         bound = np.abs(x64) * self.output_unit + self.floor
         bound[..., i] = pair

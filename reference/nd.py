@@ -50,6 +50,9 @@ class PairRotation:
     phase: tuple = ()  # per pair (() none)
     scale: tuple = ()  # per axis (() 1)
     offset: tuple = ()  # per axis (() 0)
+    # the rotation spans a token's ``heads`` heads: head_dim is heads x the target's head size,
+    # and the pairs index that joined vector (a rotation applied before the head split; None: per head)
+    heads: Optional[int] = None
 
     def __post_init__(self):
         used = list(self.first) + list(self.second)
@@ -63,6 +66,8 @@ class PairRotation:
             raise ValueError("phase must have one entry per pair")
         if any(len(v) not in (0, self.n_axes) for v in (self.scale, self.offset)):
             raise ValueError(f"scale and offset must have one entry per axis ({self.n_axes})")
+        if self.heads is not None and (self.heads < 1 or self.head_dim % self.heads):
+            raise ValueError(f"{self.heads} heads do not split head_dim {self.head_dim}")
 
     @property
     def arrays(self):
@@ -78,6 +83,14 @@ class PairRotation:
         """Whether some pair turns at x = 0 (an offset or a phase): then f(x, 0) != x and
         R_P R_Q != R_{P+Q}."""
         return any(v != 0 for v in (*self.phase, *self.offset))
+
+    @property
+    def turns_fast(self) -> bool:
+        """Whether some pair turns by more than 1 rad per unit of its coordinate (theta S > 1)
+        or has a phase: the generic angle allowance (theta_0 = 1, no phase) does not hold."""
+        _, _, axis, theta = self.arrays
+        scale = np.abs(np.asarray(self.scale)[axis]) if self.scale else 1.0
+        return bool(np.any(theta * scale > 1.0)) or any(self.phase) or any(self.offset)
 
     @property
     def affine(self) -> bool:
@@ -289,6 +302,81 @@ def mrope(
         tuple(inv_freq(d, base).tolist()),
         f"M-RoPE sections {sections}{', interleaved' if interleaved else ''}, {layout}",
     )
+
+
+# --- any convention, as a list of pairs ------------------------------------------------
+
+
+def from_table(table: dict, where: str = "the pair table") -> PairRotation:
+    """A PairRotation from its JSON form (``--pair-table``): ``{"heads": null | H,
+    "head_dim": D, "n_axes": N, "pairs": [[first, second, axis, theta, phase], ...]}``; pair
+    (first, second) turns by theta x_axis + phase (phase optional: 0), features in no pair
+    pass through. ``heads: H``: the indices run over the H * D features of a token's H heads
+    together (a rotation applied before the head split), and a target is handed exactly H
+    heads. ValueError naming what is wrong."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a JSON object with head_dim, n_axes and pairs")
+    unknown = set(table) - {"heads", "head_dim", "n_axes", "pairs", "description"}
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown keys {sorted(unknown)} (known: heads, head_dim, n_axes, pairs, description)"
+        )
+    try:
+        heads = table.get("heads")
+        heads = None if heads is None else int(heads)
+        head_dim, n_axes = int(table["head_dim"]), int(table.get("n_axes", 1))
+        rows = [list(row) for row in table["pairs"]]
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: heads, head_dim and n_axes must be integers and pairs a list of lists") from None
+    if heads is not None and heads < 1:
+        raise ValueError(f"{where}: heads must be >= 1 or null, got {heads}")
+    if head_dim < 2 or n_axes < 1:
+        raise ValueError(f"{where}: head_dim must be >= 2 and n_axes >= 1, got {head_dim} and {n_axes}")
+    bad = [k for k, row in enumerate(rows) if len(row) not in (4, 5)]
+    if bad or not rows:
+        raise ValueError(
+            f"{where}: each pair is [first, second, axis, theta] or [first, second, axis, theta, phase]"
+            + (f" (pair {bad[0]} has {len(rows[bad[0]])} entries)" if bad else "; none given")
+        )
+    try:
+        first = tuple(int(r[0]) for r in rows)
+        second = tuple(int(r[1]) for r in rows)
+        axis = tuple(int(r[2]) for r in rows)
+        theta = tuple(float(r[3]) for r in rows)
+        phase = tuple(float(r[4]) if len(r) == 5 else 0.0 for r in rows)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: first, second and axis must be integers, theta and phase numbers") from None
+    if not all(np.isfinite(theta)) or not all(np.isfinite(phase)):
+        raise ValueError(f"{where}: theta and phase must be finite")
+    width = head_dim * (heads or 1)
+    description = str(table.get("description") or f"pair table, {len(rows)} pairs over {n_axes} axes")
+    try:
+        return PairRotation(
+            width, n_axes, first, second, axis, theta, description, phase=phase if any(phase) else (), heads=heads
+        )
+    except ValueError as exc:
+        span = f" (indices into the {heads} x {head_dim} features of a token)" if heads else ""
+        raise ValueError(f"{where}: {exc}{span}") from None
+
+
+def to_table(conv: PairRotation) -> dict:
+    """The JSON form of a rotation (``from_table``'s inverse; scale and offset folded into
+    theta and phase)."""
+    i, j, axis, _ = conv.arrays
+    theta = np.asarray(conv.theta) * (np.asarray(conv.scale)[axis] if conv.scale else 1.0)
+    phase = np.asarray(conv.phase or (0.0,) * len(i)) + (
+        np.asarray(conv.theta) * np.asarray(conv.offset)[axis] if conv.offset else 0.0
+    )
+    heads = conv.heads
+    return {
+        "heads": heads,
+        "head_dim": conv.head_dim // (heads or 1),
+        "n_axes": conv.n_axes,
+        "description": conv.description,
+        "pairs": [[int(a), int(b), int(k), float(t), float(p)] for a, b, k, t, p in zip(i, j, axis, theta, phase)],
+    }
 
 
 # --- the general case: expm of a sum of generators ---------------------------------

@@ -128,3 +128,45 @@ def offset_grid(x, positions):
     d = x.shape[-1] // 2
     angles = torch.cat([(positions[..., k].double() + OFFSET)[..., None] * _axis_freqs(d) for k in range(2)], -1)
     return _apply_interleaved(x, angles.float())
+
+
+# --- LTX-Video: RoPE over all of a token's heads before the head split, pairs dealt round robin ---
+LTX_THETA = 10000.0
+
+
+def ltx_frequencies(dim):
+    """dim // 6 frequencies from pi / 2 to theta pi / 2, log-spaced, for a token's dim features."""
+    n = dim // 6
+    exponents = torch.linspace(0.0, 1.0, n, dtype=torch.float64)
+    return LTX_THETA**exponents * math.pi / 2
+
+
+def _ltx(x, coords, dim):
+    b, s = x.shape[:2]
+    freqs = (coords.double()[..., None] * 2 - 1) * ltx_frequencies(dim)  # (b, s, 3, n): turns by f (2x - 1)
+    freqs = freqs.transpose(-1, -2).flatten(2)  # (b, s, 3n): frame, row, column of frequency 0, then 1 ...
+    pad = dim // 2 - freqs.shape[-1]  # the first pairs pass through (cos 1, sin 0)
+    angles = torch.cat([torch.zeros(b, s, pad, dtype=freqs.dtype), freqs], -1)
+    return _apply_interleaved(x.reshape(b, s, 1, dim), angles.float())
+
+
+def ltx(x, coords):
+    """x (batch, seq, heads, head_dim) rotated as one vector of heads x head_dim features."""
+    b, s, h, d = x.shape
+    return _ltx(x, coords, h * d).reshape(b, s, h, d)
+
+
+def ltx_per_head(x, coords):
+    """The same rotation applied to each head after the split: another map."""
+    b, s, h, d = x.shape
+    return _ltx(x.reshape(b * s, 1, h, d).transpose(1, 2).reshape(b, s * h, 1, d), coords.repeat_interleave(h, 1), d).reshape(b, s, h, d)
+
+
+def ltx_table(heads, head_dim):
+    """The pair table of ``ltx`` (docs/families.md, --family pairs): pair k of the rotated ones
+    turns by 2 f x - f, f its frequency, x its axis' coordinate."""
+    dim = heads * head_dim
+    freqs = ltx_frequencies(dim).tolist()
+    pad = dim // 2 - 3 * len(freqs)
+    pairs = [[2 * (pad + k), 2 * (pad + k) + 1, k % 3, 2 * freqs[k // 3], -freqs[k // 3]] for k in range(3 * len(freqs))]
+    return {"heads": heads, "head_dim": head_dim, "n_axes": 3, "pairs": pairs}

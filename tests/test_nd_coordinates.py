@@ -116,3 +116,51 @@ def test_a_grid_holds_the_sequence():
         for n_axes in (1, 2, 3):
             sides = _grid_sides(seq, n_axes)
             assert math.prod(sides) >= seq and len(sides) == n_axes
+
+
+# --- --family pairs --pair-table ------------------------------------------------------------
+
+
+def _ltx_table_file(tmp_path, heads=4, head_dim=16):
+    import json
+
+    from tests.nd_coordinate_kernels import ltx_table
+
+    path = tmp_path / "ltx.json"
+    path.write_text(json.dumps(ltx_table(heads, head_dim)))
+    return str(path)
+
+
+@pytest.mark.parametrize("kernel, code", [("ltx", 0), ("ltx_per_head", 1)])
+def test_a_rotation_across_heads_as_a_pair_table(tmp_path, kernel, code):
+    r = _check(kernel, "--family", "pairs", "--pair-table", _ltx_table_file(tmp_path), "--positions", "float",
+               "--coord-range", "0:1")
+    assert r.exit_code == code, r.output
+
+
+def test_every_nd_family_is_a_pair_table():
+    from ropecheck.reference.nd import from_table, mrope, to_table
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 2, 16))
+    p = np.random.default_rng(1).integers(-50, 50, (2, 3, 3))
+    for conv in (axial(16, 3, layout="half", split=[4, 4, 8], pair_span="head").with_coordinates((0.5,), (1.0,)),
+                 mrope([2, 3, 3], interleaved=True)):
+        again = from_table(to_table(conv))
+        assert np.allclose(again.apply(x, p), conv.apply(x, p), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("table, words", [
+    ("not json", "not JSON"),
+    ('{"head_dim": 8, "pairs": [[0, 9, 0, 1.0]]}', "distinct features inside head_dim"),
+    ('{"head_dim": 8, "pairs": [[0, 1, 0]]}', "[first, second, axis, theta]"),
+    ('{"head_dim": 8, "n_axes": 1, "pairs": [[0, 1, 1, 1.0]]}', "axes must lie in 0 .. 0"),
+    ('{"pairs": [[0, 1, 0, 1.0]]}', "missing 'head_dim'"),
+    ('{"head_dim": 8, "pairs": [], "colour": 1}', "unknown keys"),
+])
+def test_a_bad_pair_table_is_a_usage_error(tmp_path, table, words):
+    path = tmp_path / "t.json"
+    path.write_text(table)
+    r = _check("ltx", "--family", "pairs", "--pair-table", str(path))
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    r = _check("ltx", "--family", "pairs")
+    assert r.exit_code == 2 and "--pair-table" in r.output, r.output

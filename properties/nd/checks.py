@@ -95,7 +95,7 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
     def draw(d):
         b = d(st.integers(1, 2))
         s = d(seq_lengths(st.integers(1, 4), 1, longest))
-        h = d(head_counts(sizes, st.integers(1, 2)))
+        h = d(head_counts(sizes, st.integers(1, 2))) if not joined_heads(target) else 1  # one joined head
         # (q heads, k heads) at sizes with q/k ratios; else drawn below (toy: 4 + 4 at most)
         grouped = d(grouped_heads(sizes.ratios, False)) if target.call == "qk" and sizes.ratios else None
         lengths = ()
@@ -138,9 +138,42 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
     return draw()
 
 
+def joined_heads(target: Subject) -> Optional[int]:
+    """H when the declared rotation spans a token's H heads (a pair table with ``heads``)."""
+    return getattr(target.convention, "heads", None)
+
+
+class HeadsJoined:
+    """The caller of a target whose rotation spans its H heads: the checks see a token's
+    heads as one head of H x D features (batch, seq, 1, H * D), the target is handed them
+    split, (batch, seq, H, D), as its model calls it; its outputs are joined again."""
+
+    def __init__(self, caller, heads: int):
+        self.caller, self.heads = caller, heads
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(*t.shape[:2], self.heads, t.shape[-1] // self.heads)
+
+    def __call__(self, x, positions, *args, **kwargs):
+        y = self.caller(self._split(x), positions, *args, **kwargs)
+        return y.reshape(x.shape)
+
+    def vjp(self, x, positions, grad):
+        return self.caller.vjp(self._split(x), positions, self._split(grad)).reshape(x.shape)
+
+    def __getattr__(self, name):  # the rest of the caller (its case, its time limits)
+        return getattr(self.caller, name)
+
+
 @dataclass
 class NDContext(FamilyContext):
     """The N-D family's context: f in float64 and the generic per-unit-norm bound."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        heads = joined_heads(self.target)
+        if heads:
+            self.rope = HeadsJoined(self.rope, heads)
 
     @property
     def coords(self) -> Coordinates:
@@ -156,9 +189,16 @@ class NDContext(FamilyContext):
         return as_float64(self.rope(x, self.positions(positions)))
 
     def eps(self, positions: np.ndarray) -> np.ndarray:
-        """Allowed error per unit head-vector norm, generic angle term: (b, s, 1), in units
-        of the largest |S_k x_k| + |O_k| (frequencies of at most 1 per unit, as theta_0 = 1)."""
-        return self.model.vector_unit_bound(self.coords.magnitudes(positions).max(-1))
+        """Allowed error per unit head-vector norm: (b, s, 1). The generic angle term, in
+        units of the largest |S_k x_k| + |O_k| (frequencies of at most 1 per unit, as
+        theta_0 = 1), or, where larger, the largest angle error of a declared rotation's
+        pairs (frequencies far above 1 per unit: image coordinates, pair tables)."""
+        generic = self.model.vector_unit_bound(self.coords.magnitudes(positions).max(-1))
+        for conv in conventions_of(self.target):
+            if conv.turns_fast:
+                dphi = self.model.rotation_angle_error(conv, positions).max(-1)
+                generic = np.maximum(generic, self.model.vector_unit_bound(None, dphi))
+        return generic
 
 
 def _norms(v):

@@ -4,6 +4,7 @@ per-axis blocks, M-RoPE sections, or none (the spec-free checks only)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from ropecheck.properties.nd import coordinates
@@ -116,6 +117,30 @@ def _declare_mrope(parameters: dict, own) -> Declaration:
     return declared
 
 
+def _declare_pairs(parameters: dict, own) -> Declaration:
+    """Any convention as its list of pairs (``--pair-table FILE.json``, ``reference.nd.from_table``),
+    or the target's own PairRotation."""
+    path = parameters.get("pair_table")
+    if path is None and own is None:
+        raise FamilyError("--family pairs needs --pair-table FILE.json (the rotated pairs; see docs/families.md)")
+    if path is None:
+        conv = own
+    else:
+        try:
+            with open(path) as f:
+                table = json.load(f)
+        except OSError as exc:
+            raise FamilyError(f"--pair-table {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise FamilyError(f"--pair-table {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        try:
+            conv = ndref.from_table(table, f"--pair-table {path}")
+        except ValueError as exc:
+            raise FamilyError(str(exc)) from None
+    declared = _declaration({conv.head_dim: conv}, parameters, conv.n_axes, head_dims=(conv.head_dim,))
+    return replace(declared, convention=declared.convention[conv.head_dim])
+
+
 def _declare_nd(parameters: dict, own) -> Declaration:
     n_axes = _axes(parameters)
     return _declaration(None, parameters, n_axes, head_dims=_head_dims(parameters, n_axes))
@@ -130,4 +155,10 @@ ND_FAMILIES = (
         f"{_CONTRACT}: one 1-D RoPE whose pairs are driven by the axis their section assigns (Qwen2-VL, Qwen3-VL)",
     ),
     ND.variant("nd", _declare_nd, f"{_CONTRACT}: the spec-free N-D checks only"),
+    ND.variant(
+        "pairs",
+        _declare_pairs,
+        f"{_CONTRACT}: any convention as its list of rotated pairs (--pair-table), across heads too",
+        calls=("x",),
+    ),
 )

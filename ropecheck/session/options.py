@@ -60,8 +60,8 @@ TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
     "Output",
     "Baseline (accuracy regressions)",
 )
-ROTATION_FAMILIES = ("axial", "mrope", "nd")
-TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "xpos")
+ROTATION_FAMILIES = ("axial", "mrope", "nd", "pairs")
+TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "pairs", "xpos")
 # the position builders (--axes); the table builders (TABLE_BUILDERS) take the 1-D convention
 BUILDERS = tuple(name for name, family in FAMILIES.items() if "segments" in family.calls)
 TABLE_BUILDERS = tuple(name for name, family in FAMILIES.items() if {"table", "cache"} & set(family.calls))
@@ -124,10 +124,10 @@ OPTIONS: tuple[Option, ...] = (
         CONVENTION, scaling_value, families=("rope", *TABLE_BUILDERS)),
     # --- families ------------------------------------------------------------------------------------
     Option("family",
-        "N-D / multimodal target: axial, mrope, nd, or a position builder (rope-tie-builder, "
-        "rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); table-builder: "
-        "build(positions) -> (cos, sin); cache-builder: build(max_position) -> cos_sin_cache; rope: 1-D RoPE "
-        "(the default). See docs/families.md.",
+        "N-D / multimodal target: axial, mrope, nd, pairs (any convention as a --pair-table), or a position "
+        "builder (rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); "
+        "table-builder: build(positions) -> (cos, sin); cache-builder: build(max_position) -> cos_sin_cache; "
+        "rope: 1-D RoPE (the default). See docs/families.md.",
         FAMILY, choices=tuple(FAMILIES)),
     Option("axes", "Number of position axes (--family axial, nd: default 2; rope-tv-builder: 2 or 3).", FAMILY,
         at_least(1), families=("axial", "nd", *BUILDERS)),
@@ -144,6 +144,12 @@ OPTIONS: tuple[Option, ...] = (
         "(pair p is features (p, p + r/2) of the rotated head, dealt to the axes in consecutive blocks: "
         "Qwen2.5-VL's vision tower, DINOv3, Cosmos).",
         FAMILY, choices=PAIR_SPANS, families=("axial",)),
+    Option("pair_table",
+        "A JSON file of the rotated pairs (--family pairs): {\"heads\": null or H, \"head_dim\": D, \"n_axes\": N, "
+        "\"pairs\": [[first, second, axis, theta, phase], ...]}: pair (first, second) turns by theta x_axis + phase, "
+        "features in no pair pass through; heads H: indices into a token's H x D features (a rotation before the "
+        "head split). See docs/families.md.",
+        FAMILY, families=("pairs",), metavar="FILE.json"),
     Option("positions",
         "What the target's positions are (--family axial, mrope, nd): int (default; int64 token indices from 0, "
         "or integers in --coord-range) or float (float32 coordinates of image and video models, default range "
@@ -253,6 +259,7 @@ FAMILY_PARAMETERS = (
     "gamma",
     "mrope_interleaved",
     "pair_span",
+    "pair_table",
     "positions",
     "coord_range",
     "coord_scale",
