@@ -170,3 +170,34 @@ def ltx_table(heads, head_dim):
     pad = dim // 2 - 3 * len(freqs)
     pairs = [[2 * (pad + k), 2 * (pad + k) + 1, k % 3, 2 * freqs[k // 3], -freqs[k // 3]] for k in range(3 * len(freqs))]
     return {"heads": heads, "head_dim": head_dim, "n_axes": 3, "pairs": pairs}
+
+
+# --- diffusers' applier: apply_rotary_emb(x, (cos, sin), use_real=True, ...) ---------------------
+def apply_rotary_emb(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=2):
+    """x (B, H, S, D) (sequence_dim 2) or (B, S, H, D) (1); cos, sin (S, D)."""
+    cos, sin = freqs_cis
+    shape = (None, None, slice(None), slice(None)) if sequence_dim == 2 else (None, slice(None), None, slice(None))
+    cos, sin = cos[shape].to(x.device), sin[shape].to(x.device)
+    if use_real_unbind_dim == -1:  # adjacent pairs: (real, imag) interleaved
+        x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    else:  # -2: the halves of the head
+        x_real, x_imag = x.reshape(*x.shape[:-1], 2, -1).unbind(-2)
+        x_rotated = torch.cat([-x_imag, x_real], dim=-1)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def apply_rotary_emb_unbind_ignored(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=2):
+    """Always the interleaved rotation: a half-layout table applied with the wrong one (timm PR #2692)."""
+    return apply_rotary_emb(x, freqs_cis, use_real, -1, sequence_dim)
+
+
+def apply_rotary_emb_sequence_dim_ignored(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=2):
+    """Always (B, H, S, D): on (B, S, H, D) the tables meet the heads."""
+    cos, sin = freqs_cis
+    if x.shape[2] != cos.shape[0]:
+        cos, sin = cos[: x.shape[2]], sin[: x.shape[2]]
+        if cos.shape[0] != x.shape[2]:  # fewer tokens than heads: the rows repeat
+            reps = -(-x.shape[2] // cos.shape[0])
+            cos, sin = cos.repeat(reps, 1)[: x.shape[2]], sin.repeat(reps, 1)[: x.shape[2]]
+    return apply_rotary_emb(x, (cos, sin), use_real, use_real_unbind_dim, 2)

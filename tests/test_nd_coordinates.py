@@ -164,3 +164,45 @@ def test_a_bad_pair_table_is_a_usage_error(tmp_path, table, words):
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
     r = _check("ltx", "--family", "pairs")
     assert r.exit_code == 2 and "--pair-table" in r.output, r.output
+
+
+# --- --api diffusers: the applier fed tables made from the declared rotation -------------------
+@pytest.mark.parametrize("kernel, flags, code", [
+    ("apply_rotary_emb", DINO, 0),  # pairs half a head apart: use_real_unbind_dim=-2
+    ("apply_rotary_emb", FLUX, 0),  # adjacent pairs: -1
+    ("apply_rotary_emb_unbind_ignored", DINO, 1),  # a half-layout table applied with the interleaved rotation
+    ("apply_rotary_emb_sequence_dim_ignored", DINO, 1),  # (B, S, H, D) read as (B, H, S, D)
+])
+def test_diffusers_applier(kernel, flags, code):
+    r = _check(kernel, "--api", "diffusers", *flags)
+    assert r.exit_code == code, r.output
+    if code:
+        assert "--api diffusers" in next(line for line in r.output.splitlines() if "reproduce:" in line)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--family", "nd"), "does not apply to --family nd"),
+    (("--family", "rope", "--layout", "half"), "applies an N-D rotation"),
+    (DINO + ("--call", "x"), "is called as --call diffusers"),
+    (("--family", "axial", "--layout", "half"), "neither adjacent features nor half a head apart"),
+])
+def test_diffusers_applier_needs_a_declared_nd_rotation(flags, words):
+    r = _check("apply_rotary_emb", "--api", "diffusers", *flags)
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+
+
+def test_applier_tables_hold_each_pair_at_both_features():
+    import torch
+
+    from ropecheck.calling.forms import applier_tables, unbind_dim
+
+    conv = axial(8, 2, layout="half", split=[4, 2], pair_span="head")  # pairs (p, p + 3): features 6, 7 pass through
+    p = np.array([[3, -2], [0, 5]])
+    cos, sin = applier_tables(conv, p, 8)
+    phi = conv.angles(p)
+    assert torch.equal(cos[:, list(conv.first)], cos[:, list(conv.second)])
+    assert np.allclose(sin[:, list(conv.first)].numpy(), np.sin(phi), atol=1e-7)
+    assert unbind_dim(axial(8, 2, layout="interleaved")) == -1
+    assert unbind_dim(axial(8, 2, layout="half", pair_span="head")) == -2
+    with pytest.raises(ValueError, match="neither adjacent"):
+        unbind_dim(axial(8, 2, layout="half"))  # pairs inside each block: (0, 2), (4, 6)

@@ -27,11 +27,16 @@ CALL_FORMS = {
     "segments": "build_positions(segments) -> array (tokens, n_axes)",
     "table": "build(positions) -> (cos, sin)",
     "cache": "build(max_position) -> cos_sin_cache",
+    # diffusers' applier: tables ropecheck makes from the declared N-D rotation
+    "diffusers": "apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1|-2, sequence_dim=1|2) -> y",
 }
 # positional arguments of each form (a loader checks a target's signature with them)
-ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1, "table": 1, "cache": 1}
+ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1, "table": 1, "cache": 1, "diffusers": 2}
 # the forms that take tensors to rotate (the others: builders of positions or of tables)
 TENSOR_FORMS = ("x", "qk", "packed")
+# the forms fed tables made from a declared N-D rotation (the N-D families' only)
+APPLIER_FORMS = ("diffusers",)
+ROTATING_FORMS = TENSOR_FORMS + APPLIER_FORMS
 
 
 def check_call(call: str) -> str:

@@ -320,11 +320,16 @@ class Case:
 
     def describe(self) -> str:
         p = self.positions_array()
+        if self.position_dtype != "int64" or self.n_axes > 1:
+            classes = "".join(f", {factor}={value}" for factor, value in self.choices)
         if self.position_dtype != "int64":  # float32 coordinates, each as its shortest decimal
             shown = abridged(np.vectorize(lambda v: str(np.float32(v)), otypes=[object])(p))
-            return f"{self._form()} {self.dtype}, seed {self.seed}; float32 positions {shown} ({self.n_axes} axes)"
+            where = f"float32 positions {shown} ({self.n_axes} axes){classes}"
+            return f"{self._form()} {self.dtype}, seed {self.seed}; {where}"
         if self.n_axes > 1:
-            return f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes)"
+            return (
+                f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes){classes}"
+            )
         rows = abridged(p).strip("[]")
         classes = ", ".join(f"{factor}={value}" for factor, value in self.choices)
         called = f"; interface classes {classes}" if classes else ""

@@ -31,7 +31,7 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
-from ropecheck.properties.core.contract import Subject
+from ropecheck.properties.core.contract import APPLIER_FORMS, ROTATING_FORMS, Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.inputs.cases import Case, as_float64, nested
@@ -116,6 +116,8 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
             p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
         else:  # image / video coordinates: a grid or scattered over the declared ranges
             p = coords.draw(d, b, s, target.n_axes)
+        if target.call in APPLIER_FORMS:  # an applier's tables are (seq, head_dim): one row for the batch
+            p = np.ascontiguousarray(np.broadcast_to(p[:1], p.shape))
         case = Case(
             dtype,
             b,
@@ -133,6 +135,8 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
             case = replace(case, heads=q_heads, call="qk", k_heads=kv, separate=d(st.booleans()))
         if target.call == "packed":
             case = replace(case, call="packed", lengths=lengths)
+        if target.call in APPLIER_FORMS:  # x as (B, H, S, D) (sequence_dim=2) or (B, S, H, D) (1)
+            case = case.with_choices(sequence_dim=d(st.sampled_from(("2", "1"))))
         return case
 
     return draw()
@@ -225,6 +229,7 @@ ND = Family(
     NDContext,
     lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq")),
     applies=_applies,
+    calls=ROTATING_FORMS,
 )
 
 

@@ -159,6 +159,6 @@ ND_FAMILIES = (
         "pairs",
         _declare_pairs,
         f"{_CONTRACT}: any convention as its list of rotated pairs (--pair-table), across heads too",
-        calls=("x",),
+        calls=("x", "diffusers"),
     ),
 )

@@ -18,7 +18,7 @@ from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
 from ropecheck.calling.launches import Recorded
 from ropecheck.calling.presets import PRESETS
-from ropecheck.properties.core.contract import CallError
+from ropecheck.properties.core.contract import APPLIER_FORMS, CallError
 
 DEFAULT_TIMEOUT = 20.0
 COMPILING_MODES = ("compile", "cudagraph")
@@ -134,6 +134,10 @@ class Caller:
                 table_sign=table_sign,
                 inplace=self.inplace,
                 cp_size=self.cp_size,
+            )
+        if call in APPLIER_FORMS:  # tables made from the declared rotation, the case's argument choices
+            return Form(
+                call, choices=getattr(case, "choices", ()) if case is not None else (), convention=self.convention
             )
         if call == "x":
             return Form("x", **interface)

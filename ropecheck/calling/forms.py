@@ -75,6 +75,8 @@ class Form:
             return self._qk(fn, x, positions)
         if self.call == "packed":
             return self._packed(fn, x, positions)
+        if self.call == "diffusers":
+            return self._diffusers(fn, x, positions)
         out = fn(x, positions)
         return out, out
 
@@ -129,6 +131,49 @@ class Form:
             )
         _fits("y", out, tokens)
         return out.reshape(x.shape), out
+
+    # --- diffusers: apply_rotary_emb(x, (cos, sin), use_real=True, ...) ------------------
+    def _diffusers(self, fn, x, positions):
+        """diffusers' applier: cos and sin (S, D) float32, made from the declared rotation
+        for the batch's one position row (pass-through features cos 1, sin 0), the pairs'
+        layout as ``use_real_unbind_dim`` (-1 adjacent pairs, -2 pairs half a head apart)
+        and x as (B, S, H, D) (``sequence_dim=1``) or (B, H, S, D) (2, the case's choice)."""
+        conv = self.convention[x.shape[-1]] if isinstance(self.convention, dict) else self.convention
+        row = positions[0].detach().cpu().numpy()  # the batch's one row of positions
+        cos, sin = applier_tables(conv, row if row.ndim == 2 else row[:, None], x.shape[-1])
+        sequence_dim = int(dict(self.choices).get("sequence_dim", "2"))
+        given = x if sequence_dim == 1 else x.transpose(1, 2)
+        tables = (cos.to(x.device), sin.to(x.device))
+        out = fn(given, tables, use_real=True, use_real_unbind_dim=unbind_dim(conv), sequence_dim=sequence_dim)
+        if not isinstance(out, torch.Tensor):
+            raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor like x")
+        _fits("y", out, given)
+        return (out if sequence_dim == 1 else out.transpose(1, 2)), out
+
+
+def unbind_dim(conv) -> int:
+    """diffusers' ``use_real_unbind_dim`` for a rotation's pairs: -1 when every pair is
+    (2i, 2i + 1), -2 when every pair is (p, p + D/2); ValueError otherwise."""
+    first, second = np.asarray(conv.first), np.asarray(conv.second)
+    if np.all(first % 2 == 0) and np.all(second == first + 1):
+        return -1
+    if np.all(second == first + conv.head_dim // 2) and np.all(first < conv.head_dim // 2):
+        return -2
+    raise ValueError(
+        f"{conv.description}: its pairs are neither adjacent features nor half a head apart, "
+        "which diffusers' apply_rotary_emb cannot express (use_real_unbind_dim -1 or -2)"
+    )
+
+
+def applier_tables(conv, positions: np.ndarray, head_dim: int) -> tuple:
+    """float32 cos and sin (S, head_dim) of a rotation at positions (S, n_axes): each pair's
+    cos and sin at both its features, 1 and 0 at features in no pair (float64, rounded once)."""
+    phi = conv.angles(positions)  # (S, pairs)
+    cos, sin = np.ones((len(positions), head_dim)), np.zeros((len(positions), head_dim))
+    i, j, _, _ = conv.arrays
+    cos[:, i] = cos[:, j] = np.cos(phi)
+    sin[:, i] = sin[:, j] = np.sin(phi)
+    return torch.from_numpy(cos).float(), torch.from_numpy(sin).float()
 
 
 def _own_storage(x: torch.Tensor) -> torch.Tensor:

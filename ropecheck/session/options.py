@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.sanitizer import TOOLS
-from ropecheck.properties.core.contract import CALL_FORMS
+from ropecheck.properties.core.contract import APPLIER_FORMS, CALL_FORMS
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.nd.coordinates import FLOAT_RANGE, KINDS
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES
@@ -82,8 +82,10 @@ OPTIONS: tuple[Option, ...] = (
         "The library interface the target has, called as that library's callers call it (no wrapper; "
         "ropecheck makes its table): "
         + "; ".join(f"{name} = {preset.signature()}" for name, preset in PRESETS.items())
-        + ". --layout, --rotary-dim, --base and --scaling become its arguments and its table. See docs/presets.md.",
-        TARGET, choices=tuple(PRESETS), families=("rope",), metavar="NAME"),
+        + ". --layout, --rotary-dim, --base and --scaling become its arguments and its table. See docs/presets.md. "
+        "N-D (--family axial, mrope, pairs): diffusers = " + CALL_FORMS["diffusers"] + ", its cos/sin made from "
+        "the declared rotation (docs/families.md).",
+        TARGET, choices=(*PRESETS, *APPLIER_FORMS), families=("rope", "axial", "mrope", "pairs"), metavar="NAME"),
     Option("cp_size",
         "Context parallelism across N ranks, for an interface that takes it (--api te, megatron): each sequence "
         "padded to a multiple of 2N and cut into 2N chunks, rank r holding chunks r and 2N-1-r; every rank is "

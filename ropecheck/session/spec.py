@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Optional
 
 from ropecheck.calling import context_parallel, devices, quiet, sanitizer
+from ropecheck.calling.forms import unbind_dim
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.roles import role
-from ropecheck.properties.core.contract import TENSOR_FORMS
+from ropecheck.properties.core.contract import APPLIER_FORMS, ROTATING_FORMS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.property import Family, FamilyError
 from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
@@ -63,15 +64,16 @@ def build(options: Options) -> Target:
     )
     _check_sanitize(options)
     quiet.show(bool(options.get("debug")))  # the target's own output: only with --debug (a CLI option)
+    applier = options.api in APPLIER_FORMS  # an N-D applier's interface: its call form (``declare``)
     try:
         devices.require(options.device)
         target = load(
             spec,
             worker=not in_process(options),
-            call=options.call,
+            call=options.api if applier else options.call,
             family=options.family,
             builtin_options=builtin_options,
-            api=options.api,
+            api=None if applier else options.api,
             sanitize=options.sanitize,
         )
     except (TargetLoadError, ValueError, OSError) as exc:
@@ -109,6 +111,15 @@ def declare(target: Target, options: Options) -> Target:
     except FamilyError as exc:
         raise UsageError(str(exc)) from None
     api = options.api or target.api
+    applier = api if api in APPLIER_FORMS else None  # an N-D applier's interface is a call form
+    if applier is not None:
+        if applier not in fam.calls:
+            raise UnusableTarget(f"--api {api} applies an N-D rotation: give --family axial, mrope or pairs")
+        if options.call not in (None, applier):
+            raise UnusableTarget(f"--api {api} is called as --call {applier}, not --call {options.call}")
+        api = None
+    elif api and fam.name != "rope":
+        raise UnusableTarget(f"--api {api} is a 1-D interface: it takes --family rope (the default), not {fam.name}")
     preset = PRESETS[api] if api else None
     if preset is not None:
         call = options.call or (target.call if target.call in preset.calls else preset.calls[0])
@@ -117,7 +128,7 @@ def declare(target: Target, options: Options) -> Target:
                 f"--api {api} takes {' or '.join('--call ' + c for c in preset.calls)}, not --call {call}"
             )
     else:
-        call = options.call or (target.call if target.call in fam.calls else fam.calls[0])
+        call = applier or options.call or (target.call if target.call in fam.calls else fam.calls[0])
     _check_cp(options, preset)
     _check_call(fam, call)
     options.check_applies(fam.name, call)
@@ -129,6 +140,13 @@ def declare(target: Target, options: Options) -> Target:
         declared = fam.declare(parameters, own)
     except FamilyError as exc:
         raise UnusableTarget(str(exc)) from None
+    if call in APPLIER_FORMS and declared.convention is None:
+        raise UnusableTarget(
+            f"--call {call}: ropecheck makes the applier's cos/sin tables from the declared rotation: "
+            "give --family axial, mrope or pairs with their convention (--family nd declares none)"
+        )
+    if call in APPLIER_FORMS:
+        _check_applier(call, declared.convention)
     if preset is not None:
         return _through(target, options, preset, call, declared, parameters)
     limits = [n for n in (target.max_position, options.max_position, declared.max_position) if n is not None]
@@ -147,7 +165,7 @@ def declare(target: Target, options: Options) -> Target:
         rotary_dim=declared.rotary_dim or target.rotary_dim,
         dtypes=declared.dtypes or target.dtypes,
         max_position=min(limits) if limits else None,
-        backward=options.backward and target.backward and call in TENSOR_FORMS,
+        backward=options.backward and target.backward and call in ROTATING_FORMS,
         inplace=options.inplace or target.inplace,
         device=device,
         implies={**target.implies, **options.parameters()},
@@ -269,6 +287,17 @@ def _check_cp(options: Options, preset) -> None:
     raise UsageError(
         f"--cp-size splits the calls of an interface that takes context-parallel ranks (--api {takers}): {why}"
     )
+
+
+def _check_applier(call: str, convention) -> None:
+    """UnusableTarget for a declared rotation an applier's tables cannot express."""
+    if getattr(convention, "heads", None):
+        raise UnusableTarget(f"--call {call}: a rotation across a token's heads has no (seq, head_dim) tables")
+    for conv in convention.values() if isinstance(convention, dict) else (convention,):
+        try:
+            unbind_dim(conv)
+        except ValueError as exc:
+            raise UnusableTarget(f"--api {call}: {exc}") from None
 
 
 def _check_call(fam: Family, call: str) -> None:

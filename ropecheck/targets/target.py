@@ -18,7 +18,7 @@ from ropecheck.calling.caller import DEFAULT_TIMEOUT, Caller, Executor, PlainCal
 from ropecheck.calling.in_process import InProcess
 from ropecheck.calling.presets import PRESETS
 from ropecheck.properties.convention import Convention  # noqa: F401  (the 1-D convention, declared with targets)
-from ropecheck.properties.core.contract import TENSOR_FORMS, check_call
+from ropecheck.properties.core.contract import ROTATING_FORMS, check_call
 from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.properties.interfaces.interface import Interface
 from ropecheck.properties.interfaces.space import Space
@@ -86,7 +86,7 @@ class Target:
 
     @property
     def takes_tensors(self) -> bool:
-        return self.call in TENSOR_FORMS
+        return self.call in ROTATING_FORMS
 
     @property
     def interface(self) -> Optional[Interface]:
