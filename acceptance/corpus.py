@@ -35,6 +35,20 @@ MUTANTS = [
     "wrong_backward", "grad_strided_output", "rope",
 ]
 
+COORDS = "tests/nd_coordinate_kernels.py"
+DINOV3 = ["--family", "axial", "--layout", "half", "--pair-span", "head", "--base", "100", "--positions", "float",
+          "--coord-range=-1:1", "--coord-scale", "6.283185307179586"]
+FAST_COORDS = ["--family", "axial", "--layout", "half", "--positions", "float", "--coord-range=-1:1",
+               "--coord-scale", "10000", "--dtype", "float32"]
+QWEN25VL_VISION = ["--family", "axial", "--layout", "half", "--split", "40,40", "--dtype", "float32"]  # + pair span
+QWEN_IMAGE = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "16,56,56",
+              "--coord-range=-32:32", "--dtype", "float32"]
+FLUX_IDS = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "16,56,56", "--positions",
+            "float", "--coord-range", "0:512", "--dtype", "float32"]
+OFFSET_GRID = ["--family", "axial", "--layout", "interleaved", "--coord-range", "0:64", "--dtype", "float32"]
+LTX_PAIRS = ["--family", "pairs", "--pair-table", "acceptance/kernels/ltx_pairs.json", "--positions", "float",
+             "--coord-range", "0:1"]
+
 CHECKS: dict[str, list] = {}
 for name in BUILTINS:
     CHECKS[name] = [name]
@@ -111,6 +125,27 @@ CHECKS.update({
                       "--mrope-interleaved", "--layout", "half", "--base", "5000000", "--dtype", "float32",
                       "--dtype", "bfloat16", "--dtype", "float16"],
     "axial-as-1d": ["llama-complex", "--family", "axial", "--axes", "1", "--layout", "interleaved"],
+    # image and video RoPE on coordinates (tests/nd_coordinate_kernels.py): pair span, pair tables, diffusers
+    **{f"coords-{name}": [f"{COORDS}:{kernel}", *flags] for name, kernel, flags in (
+        ("dinov3", "dinov3", DINOV3),
+        ("dinov3-bf16-angles", "dinov3_bf16_angles", DINOV3),
+        ("fast-axial", "fast_axial", FAST_COORDS),
+        ("fast-axial-bf16-angles", "fast_axial_bf16_angles", FAST_COORDS),
+        ("qwen25vl-vision", "qwen25vl_vision", QWEN25VL_VISION + ["--pair-span", "head"]),
+        ("qwen25vl-vision-per-block", "qwen25vl_vision", QWEN25VL_VISION),
+        ("qwen-image", "qwen_image", QWEN_IMAGE),
+        ("qwen-image-table-wraps", "qwen_image_table_wraps", QWEN_IMAGE),
+        ("flux", "flux", FLUX_IDS),
+        ("flux-ids-in-bf16", "flux_ids_in_bf16", FLUX_IDS),
+        ("offset-grid", "offset_grid", OFFSET_GRID + ["--coord-offset", "8"]),
+        ("offset-grid-undeclared", "offset_grid", OFFSET_GRID),
+        ("ltx-pairs", "ltx", LTX_PAIRS),
+        ("ltx-pairs-per-head", "ltx_per_head", LTX_PAIRS),
+        ("diffusers-dinov3", "apply_rotary_emb", ["--api", "diffusers", *DINOV3]),
+        ("diffusers-flux", "apply_rotary_emb", ["--api", "diffusers", *FLUX_IDS]),
+        ("diffusers-unbind-ignored", "apply_rotary_emb_unbind_ignored", ["--api", "diffusers", *DINOV3]),
+        ("diffusers-sequence-dim-ignored", "apply_rotary_emb_sequence_dim_ignored", ["--api", "diffusers", *DINOV3]),
+    )},
     "xpos-correct": ["acceptance/kernels/nd.py:xpos_correct", "--family", "xpos"],
     "xpos-key-upscaled": ["acceptance/kernels/nd.py:xpos_key_upscaled", "--family", "xpos", *F32],
     "xpos-scale-in-bf16": ["acceptance/kernels/nd.py:xpos_scale_in_bf16", "--family", "xpos", *F32],

@@ -170,7 +170,7 @@ SLOW = textwrap.dedent("""
     from mode_kernels import correct  # copied beside this file
 
     def rope(x, positions):
-        time.sleep(0.005)
+        time.sleep(0.05)  # slow enough that the run is far from its end when ctrl-c comes, on a loaded machine too
         return correct(x, positions)
 """)
 
