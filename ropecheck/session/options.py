@@ -153,13 +153,13 @@ OPTIONS: tuple[Option, ...] = (
         "head split). See docs/families.md.",
         FAMILY, families=("pairs",), metavar="FILE.json"),
     Option("positions",
-        "What the target's positions are (--family axial, mrope, nd): int (default; int64 token indices from 0, "
+        "What the target's positions are (--family axial, mrope, nd, pairs): int (default; int64 token indices from 0, "
         "or integers in --coord-range) or float (float32 coordinates of image and video models, default range "
         f"{FLOAT_RANGE[0]:g}:{FLOAT_RANGE[1]:g}). See docs/families.md.",
         FAMILY, choices=KINDS, families=ROTATION_FAMILIES),
     Option("coord_range",
         "The positions drawn, LO:HI per axis or one for all, negative allowed, e.g. --coord-range=-32:32 "
-        "(written with '=' when it starts with '-'; --family axial, mrope, nd).",
+        "(written with '=' when it starts with '-'; --family axial, mrope, nd, pairs).",
         FAMILY, coordinate_ranges, kind=LIST, joined=True, families=ROTATION_FAMILIES, metavar="LO:HI[,LO:HI...]"),
     Option("coord_scale",
         "The rotation turns pair p by theta_p (S_a x_a + O_a): S per axis or one for all (e.g. 6.2832 for "
