@@ -326,9 +326,9 @@ class Case:
             shown = abridged(np.vectorize(lambda v: str(np.float32(v)), otypes=[object])(p))
             where = f"float32 positions {shown} ({self.n_axes} axes){classes}"
             return f"{self._form()} {self.dtype}, seed {self.seed}; {where}"
-        if self.n_axes > 1:
+        if self.n_axes > 1:  # abridged: a long input's positions would fill screens
             return (
-                f"{self._form()} {self.dtype}, seed {self.seed}; positions {p.tolist()} ({self.n_axes} axes){classes}"
+                f"{self._form()} {self.dtype}, seed {self.seed}; positions {abridged(p)} ({self.n_axes} axes){classes}"
             )
         rows = abridged(p).strip("[]")
         classes = ", ".join(f"{factor}={value}" for factor, value in self.choices)
