@@ -19,13 +19,15 @@ PROBE = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)  # one heap: a thread pool's threads allocate from arenas of their own
     faults = []
-    for _ in range(12):  # 256 MiB each time, freed at once: as the calls of a large input
+    # 64 MiB each time (above glibc's largest mmap threshold, 32 MiB), freed at once: as the
+    # calls of a large input
+    for _ in range(30):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        torch.ones(2**25, dtype=torch.float64).sum()
+        torch.ones(2**23, dtype=torch.float64).sum()
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     print(*faults)
 """)
-PAGES = 2**28 // 4096
+PAGES = 2**26 // 4096
 
 
 def page_faults(mode: str) -> list:
@@ -37,7 +39,12 @@ def page_faults(mode: str) -> list:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_freed_large_tensor_is_reused_without_page_faults():
     assert min(page_faults("default")[-3:]) > PAGES // 2  # every page faulted in again, every time
-    assert max(page_faults("keep")[-3:]) < PAGES // 10  # the heap's freed memory, reused
+    # The heap's freed memory, reused once the heap has settled. It takes a few calls: a small
+    # allocation that lands in the freed block (the interpreter's, between two calls) leaves it
+    # too short, and that call takes fresh pages at the heap's top. Seen here: 3 to 10 calls
+    # before every later one faults in nothing (once in CI the 10th of 12 still faulted).
+    settled = page_faults("keep")[-10:]
+    assert sum(faults > PAGES // 10 for faults in settled) <= 1, settled
 
 
 def test_importing_collects_nothing_inside_and_freezes_what_it_imported():
