@@ -101,14 +101,12 @@ class PairRotation:
         """This rotation applied to S_a x_a + O_a (one value for all axes, or one per axis)."""
         from dataclasses import replace
 
-        def per_axis(v):
-            v = tuple(float(t) for t in v)
-            return v * self.n_axes if len(v) == 1 else v
-
-        scale, offset = per_axis(scale), per_axis(offset)
-        if all(t == 1 for t in scale) and all(t == 0 for t in offset):
+        scale = tuple(float(t) for t in per_axis(scale, self.n_axes, 1.0, "scale"))
+        offset = tuple(float(t) for t in per_axis(offset, self.n_axes, 0.0, "offset"))
+        scaled, shifted = any(t != 1 for t in scale), any(t != 0 for t in offset)
+        if not scaled and not shifted:
             return self
-        words = [f"scale {list(scale)}"] * bool(scale) + [f"offset {list(offset)}"] * bool(offset)
+        words = [f"scale {list(scale)}"] * scaled + [f"offset {list(offset)}"] * shifted
         return replace(self, scale=scale, offset=offset, description=f"{self.description}, {', '.join(words)}")
 
     def pair_positions(self, positions) -> np.ndarray:
@@ -184,8 +182,10 @@ class PairRotation:
         return np.hypot(x[..., i], x[..., j])
 
 
-def _split(values: Optional[Sequence], n: int, default, what: str) -> list:
-    if values is None:
+def per_axis(values: Optional[Sequence], n: int, default, what: str) -> list:
+    """One value for every axis, or one per axis: ``values`` expanded to ``n`` (None or
+    empty: ``default`` for each)."""
+    if values is None or len(values) == 0:
         return [default] * n
     values = list(values)
     if len(values) == 1:
@@ -229,10 +229,10 @@ def axial(
         if head_dim % (2 * n_axes):
             raise ValueError(f"head_dim {head_dim} does not split into {n_axes} even blocks")
         split = [head_dim // n_axes] * n_axes
-    split = _split(split, n_axes, None, "split")
+    split = per_axis(split, n_axes, None, "split")
     if any(w <= 0 or w % 2 for w in split) or sum(split) > head_dim:
         raise ValueError(f"split {split}: each block must be even and positive, in all <= head_dim {head_dim}")
-    bases = _split(None if isinstance(base, (int, float)) else base, n_axes, base, "base")
+    bases = per_axis(None if isinstance(base, (int, float)) else base, n_axes, base, "base")
     first, second, axis, theta = [], [], [], []
     start, half = 0, sum(split) // 2
     for k, width in enumerate(split):

@@ -28,6 +28,8 @@ from typing import Optional
 import numpy as np
 from hypothesis import strategies as st
 
+from ropecheck.reference.nd import per_axis
+
 KINDS = ("int", "float")
 FLOAT_RANGE = (-512.0, 512.0)  # float coordinates drawn by default: patch indices past bf16's 256 and their fractions
 DRAWN = 64  # coordinates drawn one by one up to this many, from a drawn seed beyond (hypothesis' budget)
@@ -81,20 +83,16 @@ class Coordinates:
                 raise ValueError(f"{what}: give one value for all axes or one per axis ({n_axes}), got {len(values)}")
         return self
 
-    @staticmethod
-    def _per_axis(values: tuple, n_axes: int, default) -> list:
-        return list(values) * n_axes if len(values) == 1 else (list(values) if values else [default] * n_axes)
-
     def scales(self, n_axes: int) -> np.ndarray:
-        return np.asarray(self._per_axis(self.scale, n_axes, 1.0), dtype=np.float64)
+        return np.asarray(per_axis(self.scale, n_axes, 1.0, "--coord-scale"), dtype=np.float64)
 
     def offsets(self, n_axes: int) -> np.ndarray:
-        return np.asarray(self._per_axis(self.offset, n_axes, 0.0), dtype=np.float64)
+        return np.asarray(per_axis(self.offset, n_axes, 0.0, "--coord-offset"), dtype=np.float64)
 
     def bounds(self, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) per axis of the drawn positions (not for token indices: ``limit``)."""
         default = FLOAT_RANGE if self.kind == "float" else (0, 0)
-        pairs = self._per_axis(self.ranges, n_axes, default)
+        pairs = per_axis(self.ranges, n_axes, default, "--coord-range")
         return np.asarray([p[0] for p in pairs], np.float64), np.asarray([p[1] for p in pairs], np.float64)
 
     def span(self, n_axes: int) -> float:
