@@ -4,6 +4,7 @@ that world, for tests/test_nd_coordinates.py. Every kernel takes x (batch, seq, 
 head_dim) and positions (batch, seq, n_axes): int64 patch indices or float32 coordinates.
 """
 
+import contextlib
 import math
 
 import torch
@@ -201,3 +202,201 @@ def apply_rotary_emb_sequence_dim_ignored(x, freqs_cis, use_real=True, use_real_
             reps = -(-x.shape[2] // cos.shape[0])
             cos, sin = cos.repeat(reps, 1)[: x.shape[2]], sin.repeat(reps, 1)[: x.shape[2]]
     return apply_rotary_emb(x, (cos, sin), use_real, use_real_unbind_dim, 2)
+
+
+# --- Wan 2.1 (diffusers WanRotaryPosEmbed): float64 tables per axis, split in the applier --------
+# diffusers #12538 / PR #12594: the table builder sizes the axes t = D - 4 (D // 6), h = w = 2 (D // 6)
+# features, its forward split the table at D - 2 (D // 3), D // 3, D // 3. The two agree at Wan's
+# released head size 128 (44, 42, 42) and disagree at 64: a table of 24, 20, 20 cut at 22, 21, 21,
+# so frame pair 11 turns with the row and one pair takes its cos from the row and its sin from
+# the column. Wan's tables: theta 10000, 1024 rows (max_seq_len), cos and sin repeated per pair.
+WAN_ROWS = 1024
+
+
+def _wan_axis_dims(head_dim):
+    h = w = 2 * (head_dim // 6)
+    return [head_dim - h - w, h, w]
+
+
+def _wan_tables(head_dim, theta=10000.0):
+    """(cos, sin) (1024, head_dim) float64: each axis' angles of rows 0 .. 1023, every value twice."""
+    cos, sin = [], []
+    for dim in _wan_axis_dims(head_dim):
+        freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        angles = torch.outer(torch.arange(WAN_ROWS, dtype=torch.float64), freqs)
+        cos.append(angles.cos().repeat_interleave(2, dim=1))
+        sin.append(angles.sin().repeat_interleave(2, dim=1))
+    return torch.cat(cos, dim=1), torch.cat(sin, dim=1)
+
+
+def _wan(x, positions, split_sizes):
+    table_cos, table_sin = _wan_tables(x.shape[-1])
+    rows = [positions[..., k] for k in range(3)]  # frame, row, column of each token
+    cos = torch.cat([part[r] for part, r in zip(table_cos.split(split_sizes, dim=1), rows)], -1)[:, :, None]
+    sin = torch.cat([part[r] for part, r in zip(table_sin.split(split_sizes, dim=1), rows)], -1)[:, :, None]
+    # the attention processor's applier: cos of a pair's first feature, sin of its second
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def wan(x, positions):
+    """The fixed forward (PR #12594): the table cut at the sizes it was built with."""
+    return _wan(x, positions, _wan_axis_dims(x.shape[-1]))
+
+
+def wan_split_mismatch(x, positions):
+    """diffusers #12538: the forward's own split, D - 2 (D // 3), D // 3, D // 3."""
+    d = x.shape[-1]
+    return _wan(x, positions, [d - 2 * (d // 3), d // 3, d // 3])
+
+
+# --- V-JEPA 2 (facebookresearch/vjepa2 rotate_queries_or_keys): 3-D RoPE in consecutive blocks --
+# vjepa2 PR #15: sin and cos expanded with .repeat(1, 1, 1, 2) ([f0 .. fn, f0 .. fn]) while the
+# rotation pairs adjacent features (2i, 2i + 1): a pair's two features turn by different
+# frequencies. The fix is repeat_interleave(2) (the released checkpoints keep the bug, the repo
+# says). ViT-L: head 64, blocks of 2 ((64 // 3) // 2) = 20 features for frame, row and column,
+# the last 4 features passed through; theta_j = 10000^(-j / 10) per block.
+VJEPA2_BLOCK = 20
+
+
+def _vjepa2_rotate(x, pos, expand):
+    """x (b, s, h, D) rotated by positions pos (b, s), adjacent pairs, frequencies 10000^(-2j/D)."""
+    d = x.shape[-1]
+    omega = torch.arange(d // 2, dtype=torch.float32) / (d / 2.0)  # vjepa2 forms it in x.dtype
+    omega = 1.0 / 10000**omega
+    freq = pos.float()[..., None] * omega  # (b, s, D / 2)
+    emb_sin, emb_cos = expand(freq.sin())[:, :, None], expand(freq.cos())[:, :, None]
+    y1, y2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    y = torch.stack((-y2, y1), dim=-1).flatten(-2)
+    return (x.float() * emb_cos + y * emb_sin).to(x.dtype)
+
+
+def _vjepa2(x, positions, expand):
+    s, parts = 0, []
+    for k in range(3):  # depth (frame), height, width
+        parts.append(_vjepa2_rotate(x[..., s : s + VJEPA2_BLOCK], positions[..., k], expand))
+        s += VJEPA2_BLOCK
+    return torch.cat([*parts, x[..., s:]], dim=-1)
+
+
+def vjepa2(x, positions):
+    return _vjepa2(x, positions, lambda t: t.repeat_interleave(2, dim=-1))
+
+
+def vjepa2_repeat(x, positions):
+    """vjepa2 PR #15: the frequencies tiled, not interleaved, for adjacent pairs."""
+    return _vjepa2(x, positions, lambda t: t.repeat(1, 1, 2))
+
+
+def vjepa2_table(head_dim=64):
+    """The pair table of ``vjepa2`` (--family pairs): blocks of 20 features for frame, row and
+    column, adjacent pairs, theta_j = 10000^(-j / 10); the rest of the head passes through."""
+    half = VJEPA2_BLOCK // 2
+    pairs = [[k * VJEPA2_BLOCK + 2 * j, k * VJEPA2_BLOCK + 2 * j + 1, k, 10000.0 ** (-j / half)]
+             for k in range(3) for j in range(half)]
+    return {"heads": None, "head_dim": head_dim, "n_axes": 3, "pairs": pairs}
+
+
+# --- FLUX.2 (diffusers Flux2PosEmbed, FluxPosEmbed's successor): theta 2000, four axes of 32 ------
+# diffusers #10111 / PR #10115: FluxPosEmbed did not hand its theta to get_1d_rotary_pos_embed,
+# which then used its default 10000. Invisible for FLUX.1 (theta 10000, the only user in diffusers
+# then); FLUX.2 builds the same per-axis tables at theta 2000 (axes_dims_rope 32, 32, 32, 32, head
+# 128), as ports that build it with FluxPosEmbed(theta=2000, ...) do: with the old class it turns
+# at 10000. Position ids (t, h, w, l), float64 frequencies, cos and sin repeated per pair, applied
+# by diffusers' apply_rotary_emb(use_real_unbind_dim=-1).
+FLUX2_AXES = (32, 32, 32, 32)
+
+
+def _get_1d_rotary_pos_embed(dim, pos, theta):
+    freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim)
+    freqs = pos.double()[..., None] * freqs  # (b, s, dim / 2)
+    return freqs.cos().repeat_interleave(2, dim=-1).float(), freqs.sin().repeat_interleave(2, dim=-1).float()
+
+
+def _flux2(x, ids, theta):
+    tables = [_get_1d_rotary_pos_embed(dim, ids[..., k].float(), theta) for k, dim in enumerate(FLUX2_AXES)]
+    cos = torch.cat([c for c, _ in tables], -1)[:, :, None]
+    sin = torch.cat([s for _, s in tables], -1)[:, :, None]
+    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def flux2(x, ids):
+    return _flux2(x, ids, 2000.0)
+
+
+def flux2_theta_dropped(x, ids):
+    """diffusers #10111: the configured theta not passed on, the builder's default 10000 used."""
+    return _flux2(x, ids, 10000.0)
+
+
+# --- DINOv3 in timm (RotaryEmbeddingDinoV3 + apply_rot_embed_cat): a half-layout sin/cos table ----
+# timm PR #2692: NaFlexVit built from DINOv3 weights did not pass rope_rotate_half to EvaBlock, so
+# the half-layout table ([f0 .. fn, f0 .. fn], rotate_half=True) was applied with the interleaved
+# rot() (apply_rot_embed_cat(half=False)): pairs (i, i + 1) turned by the angles of (i, i + D/2).
+# DINOv3 ViT-B: head 64, temperature 100, coordinates in [-1, 1] (the DINO flags above).
+def _timm_dinov3_embed(coords, head_dim):
+    """(b, s, 2 head_dim): cat(sin, cos), each in the half layout [h's, w's, h's, w's]."""
+    angles = _dino_angles(coords, head_dim)
+    angles = torch.cat([angles, angles], dim=-1)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def _rot(x):  # timm's rot: [-x1, x0, -x3, x2, ...]
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+
+
+def _apply_rot_embed_cat(x, emb, half):
+    sin_emb, cos_emb = emb[:, :, None].chunk(2, -1)
+    return (x * cos_emb + (_rotate_half(x) if half else _rot(x)) * sin_emb).to(x.dtype)
+
+
+def timm_dinov3(x, coords):
+    return _apply_rot_embed_cat(x, _timm_dinov3_embed(coords, x.shape[-1]), half=True)
+
+
+def timm_dinov3_naflex_rot(x, coords):
+    """timm PR #2692: EvaBlock's rotate_half left at False, the interleaved rot() applied."""
+    return _apply_rot_embed_cat(x, _timm_dinov3_embed(coords, x.shape[-1]), half=False)
+
+
+# --- Ideogram 4 (diffusers Ideogram4MRoPE): interleaved M-RoPE at image positions 65536 + (t, h, w) -
+# diffusers #13920 / PR #13922: the frequencies came from a matmul, which torch.autocast runs in
+# bfloat16 even on float32 operands: at 65536 bf16 steps by 512, so every image position of a
+# grid under 512 wide got the same angles. The fix computes them with autocast disabled, as HF's
+# RoPE modules do. Head 256, theta 5e6, mrope_section (24, 20, 20) interleaved over the 128
+# frequencies (pair i is h's for i = 1 mod 3 below 60, w's for i = 2 mod 3 below 60, else t's:
+# --sections 88,20,20 --mrope-interleaved), rotate_half.
+IDEOGRAM4_SECTION = (24, 20, 20)
+
+
+def _ideogram4(x, positions, guard):
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (5_000_000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    b, s, _ = positions.shape
+    pos = positions.permute(2, 0, 1).to(torch.float32)  # (3, b, s)
+    inv = inv_freq[None, None, :, None].expand(3, b, -1, 1)
+    with torch.autocast(device_type=x.device.type, enabled=False) if guard else contextlib.nullcontext():
+        freqs = inv @ pos.unsqueeze(2)  # (3, b, head_dim / 2, s)
+    freqs = freqs.transpose(2, 3)
+    freqs_t = freqs[0].clone()
+    for axis in (1, 2):
+        idx = torch.arange(axis, IDEOGRAM4_SECTION[axis] * 3, 3)
+        freqs_t[..., idx] = freqs[axis][..., idx]
+    emb = torch.cat((freqs_t, freqs_t), dim=-1)
+    cos, sin = emb.cos().float()[:, :, None], emb.sin().float()[:, :, None]
+    return (x * cos + _rotate_half(x) * sin).to(x.dtype)
+
+
+def ideogram4(x, positions):
+    return _ideogram4(x, positions, guard=True)
+
+
+def ideogram4_autocast_angles(x, positions):
+    """diffusers #13920: the frequency matmul left to an ambient autocast (bf16)."""
+    return _ideogram4(x, positions, guard=False)

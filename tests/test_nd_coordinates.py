@@ -206,3 +206,43 @@ def test_applier_tables_hold_each_pair_at_both_features():
     assert unbind_dim(axial(8, 2, layout="half", pair_span="head")) == -2
     with pytest.raises(ValueError, match="neither adjacent"):
         unbind_dim(axial(8, 2, layout="half"))  # pairs inside each block: (0, 2), (4, 6)
+
+
+# --- the real bugs of image and video RoPE at their models' configurations (issue 43) --------
+WAN = ("--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "24,20,20", "--max-position", "1023")
+FLUX2 = ("--family", "axial", "--axes", "4", "--layout", "interleaved", "--split", "32,32,32,32", "--base", "2000",
+         "--coord-range", "0:512")
+TIMM_DINOV3 = DINO + ("--split", "32,32")  # ViT-B: head 64
+IDEOGRAM4 = ("--family", "mrope", "--sections", "88,20,20", "--mrope-interleaved", "--layout", "half", "--base",
+             "5000000", "--coord-range", "65536:66559")
+
+
+@pytest.mark.parametrize("kernel, flags, code", [
+    ("wan", WAN, 0),  # head 64: the table cut at 24, 20, 20
+    ("wan_split_mismatch", WAN, 1),  # diffusers #12538: cut at 22, 21, 21
+    ("flux2", FLUX2, 0),
+    ("flux2_theta_dropped", FLUX2, 1),  # diffusers #10111: 10000 for FLUX.2's 2000
+    ("timm_dinov3", TIMM_DINOV3, 0),
+    ("timm_dinov3_naflex_rot", TIMM_DINOV3, 1),  # timm PR #2692: the half table with rot()
+    ("ideogram4", IDEOGRAM4 + ("--mode", "autocast"), 0),  # the angles with autocast disabled
+    ("ideogram4_autocast_angles", IDEOGRAM4 + ("--mode", "autocast"), 1),  # diffusers #13920
+])
+def test_real_bugs_at_their_models(kernel, flags, code):
+    r = _check(kernel, *flags)
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("kernel, code", [("vjepa2", 0), ("vjepa2_repeat", 1)])  # vjepa2 PR #15
+def test_vjepa2_blocks_with_a_passed_through_tail(tmp_path, kernel, code):
+    """V-JEPA 2 ViT-L: three blocks of 20 features in a head of 64, the last 4 passed
+    through, which --split cannot say (its sum is the head): a pair table."""
+    import json
+
+    from tests.nd_coordinate_kernels import vjepa2_table
+
+    path = tmp_path / "vjepa2.json"
+    path.write_text(json.dumps(vjepa2_table()))
+    assert json.loads(path.read_text()) == json.load(open("acceptance/kernels/vjepa2_pairs.json"))
+    r = _check(kernel, "--family", "pairs", "--pair-table", str(path), "--coord-range", "0:63")
+    assert r.exit_code == code, r.output
