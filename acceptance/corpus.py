@@ -48,6 +48,14 @@ FLUX_IDS = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--sp
 OFFSET_GRID = ["--family", "axial", "--layout", "interleaved", "--coord-range", "0:64", "--dtype", "float32"]
 LTX_PAIRS = ["--family", "pairs", "--pair-table", "acceptance/kernels/ltx_pairs.json", "--positions", "float",
              "--coord-range", "0:1"]
+# the real bugs at their models' configurations (issue 43): Wan at head 64, V-JEPA 2 ViT-L (a pair
+# table: 3 x 20 of 64 features), FLUX.2's theta 2000, DINOv3 ViT-B in timm, Ideogram 4 under autocast
+WAN = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "24,20,20", "--max-position", "1023"]
+VJEPA2_PAIRS = ["--family", "pairs", "--pair-table", "acceptance/kernels/vjepa2_pairs.json", "--coord-range", "0:63"]
+FLUX2 = ["--family", "axial", "--axes", "4", "--layout", "interleaved", "--split", "32,32,32,32", "--base", "2000",
+         "--coord-range", "0:512"]
+IDEOGRAM4 = ["--family", "mrope", "--sections", "88,20,20", "--mrope-interleaved", "--layout", "half", "--base",
+             "5000000", "--coord-range", "65536:66559"]
 
 CHECKS: dict[str, list] = {}
 for name in BUILTINS:
@@ -145,6 +153,17 @@ CHECKS.update({
         ("diffusers-flux", "apply_rotary_emb", ["--api", "diffusers", *FLUX_IDS]),
         ("diffusers-unbind-ignored", "apply_rotary_emb_unbind_ignored", ["--api", "diffusers", *DINOV3]),
         ("diffusers-sequence-dim-ignored", "apply_rotary_emb_sequence_dim_ignored", ["--api", "diffusers", *DINOV3]),
+        ("wan", "wan", WAN),
+        ("wan-split-mismatch", "wan_split_mismatch", WAN),  # diffusers #12538
+        ("vjepa2", "vjepa2", VJEPA2_PAIRS),
+        ("vjepa2-repeat", "vjepa2_repeat", VJEPA2_PAIRS),  # vjepa2 PR #15
+        ("flux2", "flux2", FLUX2),
+        ("flux2-theta-dropped", "flux2_theta_dropped", FLUX2),  # diffusers #10111
+        ("timm-dinov3", "timm_dinov3", [*DINOV3, "--split", "32,32"]),
+        ("timm-dinov3-naflex-rot", "timm_dinov3_naflex_rot", [*DINOV3, "--split", "32,32"]),  # timm PR #2692
+        ("ideogram4-autocast", "ideogram4", [*IDEOGRAM4, "--mode", "autocast"]),
+        ("ideogram4-autocast-angles", "ideogram4_autocast_angles", [*IDEOGRAM4, "--mode", "autocast"]),  # #13920
+        ("ideogram4-autocast-angles-eager", "ideogram4_autocast_angles", IDEOGRAM4),  # autocast's bug: eager passes
     )},
     "xpos-correct": ["acceptance/kernels/nd.py:xpos_correct", "--family", "xpos"],
     "xpos-key-upscaled": ["acceptance/kernels/nd.py:xpos_key_upscaled", "--family", "xpos", *F32],
