@@ -303,10 +303,10 @@ def vjepa2_table(head_dim=64):
 
 # --- FLUX.2 (diffusers Flux2PosEmbed, FluxPosEmbed's successor): theta 2000, four axes of 32 ------
 # diffusers #10111 / PR #10115: FluxPosEmbed did not hand its theta to get_1d_rotary_pos_embed,
-# which then used its default 10000. Invisible for FLUX.1 (theta 10000, the only user in diffusers
-# then); FLUX.2 builds the same per-axis tables at theta 2000 (axes_dims_rope 32, 32, 32, 32, head
-# 128), as ports that build it with FluxPosEmbed(theta=2000, ...) do: with the old class it turns
-# at 10000. Position ids (t, h, w, l), float64 frequencies, cos and sin repeated per pair, applied
+# which then used its default 10000. Invisible at theta 10000 (FLUX.1, Chroma and the Flux
+# ControlNet, every FluxPosEmbed of diffusers 0.42.1); FLUX.2 builds the same per-axis tables at
+# theta 2000 (diffusers' Flux2PosEmbed: axes_dims_rope 32, 32, 32, 32, head 128), and ports of it
+# build them with FluxPosEmbed(theta=2000, ...) itself: with the old class they turn at 10000. Position ids (t, h, w, l), float64 frequencies, cos and sin repeated per pair, applied
 # by diffusers' apply_rotary_emb(use_real_unbind_dim=-1).
 FLUX2_AXES = (32, 32, 32, 32)
 
