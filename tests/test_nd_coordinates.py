@@ -111,6 +111,33 @@ def test_drawn_coordinates_stay_in_their_ranges(data, kind, n_axes, seq):
     assert (p >= lo).all() and (p <= hi).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from(["int", "float"]), st.integers(1, 3), st.integers(1, 40), st.booleans())
+def test_shifted_coordinates_stay_in_a_declared_range(data, kind, n_axes, seq, as_position):
+    """A declared range is the target's domain: positions drawn with room for shifts (its
+    lower half), P + c (and c itself where commutation hands it as positions) stay in it,
+    and so do the invertibility check's P +- c along axes."""
+    ranges = ((-7, 5), (0, 1023), (65536, 66559))[:n_axes]
+    coords = Coordinates(kind, ranges)
+    lo, hi = coords.bounds(n_axes)
+    p = coords.draw(data.draw, 2, seq, n_axes, room=True)
+    as_position = as_position and coords.holds_zero(n_axes)  # commutation is skipped without 0
+    c = np.asarray(data.draw(coords.shifts(p, as_position=as_position)))
+    moved = coords.given(p + c)
+    assert (moved >= lo).all() and (moved <= hi).all(), (p, c)
+    if as_position:
+        assert (c >= lo).all() and (c <= hi).all()
+    axis = data.draw(st.integers(0, n_axes - 1))
+    one = data.draw(coords.shift(p, axis, nonzero=True))
+    assert one != 0 and lo[axis] <= (p[..., axis] + one).min() and (p[..., axis] + one).max() <= hi[axis]
+    steps = coords.turning_shifts([0.3, 2.0, 50.0], n_axes)
+    base = coords.invertibility_base(p, max(steps))
+    for c in steps:
+        for sign in (1, -1):
+            q = base[..., 0] + sign * c
+            assert (q >= lo[0]).all() and (q <= hi[0]).all(), (c, steps)
+
+
 def test_a_grid_holds_the_sequence():
     for seq in range(1, 70):
         for n_axes in (1, 2, 3):
@@ -217,9 +244,13 @@ IDEOGRAM4 = ("--family", "mrope", "--sections", "88,20,20", "--mrope-interleaved
              "5000000", "--coord-range", "65536:66559")
 
 
+WAN_DOMAIN = WAN[:-2] + ("--coord-range", "0:1023")  # the table's rows as the declared domain
+
+
 @pytest.mark.parametrize("kernel, flags, code", [
     ("wan", WAN, 0),  # head 64: the table cut at 24, 20, 20
     ("wan_split_mismatch", WAN, 1),  # diffusers #12538: cut at 22, 21, 21
+    ("wan", WAN_DOMAIN, 0),  # a table-backed kernel: every position handed, shifted too, is a row of it
     ("flux2", FLUX2, 0),
     ("flux2_theta_dropped", FLUX2, 1),  # diffusers #10111: 10000 for FLUX.2's 2000
     ("timm_dinov3", TIMM_DINOV3, 0),
@@ -231,6 +262,21 @@ def test_real_bugs_at_their_models(kernel, flags, code):
     r = _check(kernel, *flags)
     assert r.exit_code == code, r.output
     assert "Traceback" not in r.output
+
+
+def test_a_range_without_0_leaves_identity_and_commutation_to_the_reference():
+    r = _check("dinov3", *DINO[:-3], "--coord-range", "0.5:1", *DINO[-2:])
+    assert r.exit_code == 0, r.output
+    for name in ("identity", "commutation"):
+        assert any(name in line and "skip" in line for line in r.output.splitlines()), r.output
+
+
+def test_axes_drawn_far_apart_show_a_mixed_up_slow_pair_in_bfloat16():
+    """Wan's split bug turns its slow pairs 11 and 21 by the wrong axis: invisible while
+    every axis sits near one base (bf16's bound stayed 1.5x above it at 200 examples), seen
+    once the token-index draws put the frame index far from the row and column."""
+    r = _check("wan_split_mismatch", *WAN, dtype="bfloat16")
+    assert r.exit_code == 1, r.output
 
 
 @pytest.mark.parametrize("kernel, code", [("vjepa2", 0), ("vjepa2_repeat", 1)])  # vjepa2 PR #15

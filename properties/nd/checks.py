@@ -87,8 +87,10 @@ def convention_for(target: Subject, head_dim: int) -> Optional[PairRotation]:
     return target.convention
 
 
-def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None):
-    """N-D inputs at ``sizes`` (the target's own head sizes; ``max_seq``: a property's cap)."""
+def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None, room: bool = False):
+    """N-D inputs at ``sizes`` (the target's own head sizes; ``max_seq``: a property's cap;
+    ``room``: declared coordinates drawn in their ranges' lower half, for the checks that
+    shift them)."""
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
 
     @st.composite
@@ -112,10 +114,13 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
         top = limit(target) // 2 - 64  # inputs stay below half the limit
         coords = coordinates_of(target)
         if coords.token_indices:
-            base = d(st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2))))
+            bases = st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2)))
+            base = d(bases)
             p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
+            if target.n_axes > 1 and d(st.booleans()):  # axes far apart (a video's frames past its rows):
+                p = p - base + np.asarray([d(bases) for _ in range(target.n_axes)])  # mixed-up axes' slow pairs differ
         else:  # image / video coordinates: a grid or scattered over the declared ranges
-            p = coords.draw(d, b, s, target.n_axes)
+            p = coords.draw(d, b, s, target.n_axes, room=room)
         if target.call in APPLIER_FORMS:  # an applier's tables are (seq, head_dim): one row for the batch
             p = np.ascontiguousarray(np.broadcast_to(p[:1], p.shape))
         case = Case(
@@ -216,18 +221,24 @@ AT_ZERO = ("identity", "commutation")  # the laws of a map that does not turn at
 def _applies(prop: Property, target: Subject) -> tuple[bool, str]:
     """Identity and commutation hold only where no pair turns at x = 0: an offset
     (--coord-offset) or a pair's phase turns every position by a constant angle, so
-    f(x, 0) = R_O x and f(f(x, P), Q) = f(x, P + Q + O / S); the reference judges those."""
+    f(x, 0) = R_O x and f(f(x, P), Q) = f(x, P + Q + O / S); the reference judges those.
+    They also hand the target 0 and small steps as positions: a declared range without 0
+    (the target's domain) leaves them to the reference too."""
     if prop.name in AT_ZERO and (
         coordinates_of(target).offsets_angles or any(c.turns_at_zero for c in conventions_of(target))
     ):
         return False, "the declared map turns pairs at x = 0 (an offset or a phase): the reference judges it"
+    if prop.name in AT_ZERO and not coordinates_of(target).holds_zero(target.n_axes):
+        return False, "position 0 lies outside the declared --coord-range: the reference judges the map"
     return True, ""
 
 
 ND = Family(
     "N-D",
     NDContext,
-    lambda prop, ctx: nd_cases(ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq")),
+    lambda prop, ctx: nd_cases(
+        ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq"), prop.case_options.get("room", False)
+    ),
     applies=_applies,
     calls=ROTATING_FORMS,
 )
@@ -283,24 +294,21 @@ def _relativity(ctx: NDContext, case: Case, shift: np.ndarray, what: str) -> flo
 
 
 def _shift_extra(ctx, case):
-    coords, n_axes = ctx.coords, ctx.target.n_axes
-    c = (
-        st.integers(1, room(ctx.target, case.axes_array()))
-        if coords.token_indices
-        else coords.shift(n_axes, nonzero=True)
+    coords, n_axes, p = ctx.coords, ctx.target.n_axes, case.axes_array()
+    if coords.token_indices:
+        return st.fixed_dictionaries({"axis": st.integers(0, n_axes - 1), "c": st.integers(1, room(ctx.target, p))})
+    return st.integers(0, n_axes - 1).flatmap(
+        lambda a: st.fixed_dictionaries({"axis": st.just(a), "c": coords.shift(p, a, nonzero=True)})
     )
-    return st.fixed_dictionaries({"axis": st.integers(0, n_axes - 1), "c": c})
 
 
-def _shift_vector(ctx, case, lowest, highest: int = 4096):
+def _shift_vector(ctx, case, lowest, highest: int = 4096, as_position: bool = False):
     """Shifts c of every axis: token indices from ``lowest`` to ``highest`` (within the
-    room left), coordinates within their ranges' width."""
-    coords, n_axes = ctx.coords, ctx.target.n_axes
-    one = (
-        st.integers(lowest, min(highest, room(ctx.target, case.axes_array())))
-        if coords.token_indices
-        else coords.shift(n_axes)
-    )
+    room left), coordinates as ``Coordinates.shifts`` draws them."""
+    coords, n_axes, p = ctx.coords, ctx.target.n_axes, case.axes_array()
+    if not coords.token_indices:
+        return coords.shifts(p, as_position=as_position).map(list)
+    one = st.integers(lowest, min(highest, room(ctx.target, p)))
     return st.lists(one, min_size=n_axes, max_size=n_axes)
 
 
@@ -308,7 +316,7 @@ def _shift_vector(ctx, case, lowest, highest: int = 4096):
     name="relativity-axis",
     formula="<f(q, P + c e_k), f(k, P' + c e_k)> = <f(q, P), f(k, P')> for each axis k",
     extras=_shift_extra,
-    case_options={"max_seq": SCORES_MAX_SEQ},
+    case_options={"max_seq": SCORES_MAX_SEQ, "room": True},
 )
 def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c) -> float:
     shift = np.zeros(ctx.target.n_axes, dtype=np.asarray(c).dtype)
@@ -320,7 +328,7 @@ def nd_relativity_axis(ctx: NDContext, case: Case, axis: int, c) -> float:
     name="relativity-joint",
     formula="<f(q, P + c), f(k, P' + c)> = <f(q, P), f(k, P')>, c a vector",
     extras=lambda ctx, case: st.fixed_dictionaries({"c": _shift_vector(ctx, case, -int(case.axes_array().min()))}),
-    case_options={"max_seq": SCORES_MAX_SEQ},
+    case_options={"max_seq": SCORES_MAX_SEQ, "room": True},
 )
 def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
     return _relativity(ctx, case, np.asarray(c), f"scores after shifting all axes by {c}")
@@ -329,7 +337,8 @@ def nd_relativity_joint(ctx: NDContext, case: Case, c: list) -> float:
 @nd_register(
     name="commutation",
     formula="f(f(x, P), Q) = f(x, P + Q)  (R_P R_Q = R_{P+Q}: commuting generators)",
-    extras=lambda ctx, case: st.fixed_dictionaries({"q": _shift_vector(ctx, case, 0)}),
+    extras=lambda ctx, case: st.fixed_dictionaries({"q": _shift_vector(ctx, case, 0, as_position=True)}),
+    case_options={"room": True},
 )
 def nd_commutation(ctx: NDContext, case: Case, q: list) -> float:
     x, p = case.tensor(), case.axes_array()
@@ -397,6 +406,7 @@ def _element_noise(ctx: NDContext, x64: np.ndarray, p: np.ndarray, head_dim: int
     formula="P is recoverable: f(u, P + c e_k) != f(u, P) and f(u, P + c (e_j - e_k)) != f(u, P) "
     "in some element beyond its rounding noise, u = (1, .., 1), for one of the shifts c "
     "(1009, the largest prime <= max_position / 4, and with a convention pi / theta_max of the axis)",
+    case_options={"room": True},
 )
 def nd_invertibility(ctx: NDContext, case: Case) -> float:
     """Elementwise, not per head vector: the signal of a shifted axis lies in the few pairs
@@ -409,6 +419,8 @@ def nd_invertibility(ctx: NDContext, case: Case) -> float:
     p = case.axes_array()
     if ctx.coords.token_indices:
         p = p + max(shifts)  # keeps P + c (e_j - e_k) >= 0
+    else:
+        p = ctx.coords.invertibility_base(p, max(shifts))
     x = torch.ones(case.shape, dtype=torch_dtype(case.dtype))
     x64 = as_float64(x)
     n_axes = ctx.target.n_axes

@@ -68,6 +68,19 @@ class Coordinates:
         return np.float32 if self.kind == "float" else np.int64
 
     @property
+    def bounded(self) -> bool:
+        """Whether a range is declared: then it is the target's domain, and every position a
+        check hands the target lies in it, shifted ones too (a kernel may index a table
+        with them, as Wan's and Cosmos' do)."""
+        return bool(self.ranges)
+
+    def holds_zero(self, n_axes: int) -> bool:
+        """Whether position 0 of every axis lies in the domain (identity and commutation
+        hand the target 0 and small steps)."""
+        lo, hi = self.bounds(n_axes)
+        return not self.bounded or bool(np.all(lo <= 0) and np.all(hi >= 0))
+
+    @property
     def offsets_angles(self) -> bool:
         """Whether the rotation turns pairs at x = 0 (an offset): then f(x, 0) != x."""
         return any(o != 0 for o in self.offset)
@@ -113,10 +126,16 @@ class Coordinates:
         return np.abs(p * self.scales(n_axes)) + np.abs(self.offsets(n_axes))
 
     # --- drawing -------------------------------------------------------------------------
-    def draw(self, d, batch: int, seq: int, n_axes: int) -> np.ndarray:
+    def draw(self, d, batch: int, seq: int, n_axes: int, *, room: bool = False) -> np.ndarray:
         """Positions (batch, seq, n_axes) in the ranges: a grid or scattered (not for token
-        indices, whose draw is ``checks.nd_cases``'s)."""
+        indices, whose draw is ``checks.nd_cases``'s). ``room``: in a declared range, only
+        its lower half, the upper half left for the shifts of the checks that move positions
+        (as token indices are drawn below half the largest position)."""
         lo, hi = self.bounds(n_axes)
+        if room and self.bounded:
+            hi = lo + (hi - lo) / 2
+            if self.kind == "int":
+                hi = np.floor(hi)
         rng = np.random.default_rng(d(st.integers(0, 2**32 - 1)))
         if d(st.booleans()):  # a grid: the meshgrid of a patchified image / video, last axis fastest
             sides = _grid_sides(seq, n_axes)
@@ -137,24 +156,70 @@ class Coordinates:
             p.reshape(-1, n_axes)[: min(3, p.shape[0] * p.shape[1])] = ends[: min(3, p.shape[0] * p.shape[1])]
         return p
 
-    def shift(self, n_axes: int, *, nonzero: bool = False):
-        """A strategy of one shift c (an integer, or a float32 real number) within the
-        widest range's width: what relativity and commutation move positions by."""
-        span = max(self.span(n_axes), 1.0)
-        if self.kind == "int":
-            values = st.integers(-int(span), int(span))
-            return values.filter(bool) if nonzero else values
-        reals = st.floats(-span, span, allow_nan=False, width=32)
-        return reals.filter(bool) if nonzero else reals
+    def shift(self, positions: np.ndarray, axis: int, *, nonzero: bool = False, as_position: bool = False):
+        """A strategy of one shift c of ``axis`` (an integer, or a float32 real number): what
+        relativity and commutation move positions by. In a declared range, P + c stays in
+        it (and c itself, ``as_position``: commutation hands the target c as positions);
+        else c lies within the widest range's width either way."""
+        n_axes = positions.shape[-1]
+        if self.bounded:
+            lo, hi = self.bounds(n_axes)
+            p = np.asarray(positions, np.float64)[..., axis]
+            low, high = lo[axis] - (p.min() if p.size else 0.0), hi[axis] - (p.max() if p.size else 0.0)
+            if as_position:
+                low, high = max(low, lo[axis]), min(high, hi[axis])
+        else:
+            high = max(self.span(n_axes), 1.0)
+            low = -high
+        values: st.SearchStrategy = (
+            st.integers(math.ceil(low), math.floor(high))
+            if self.kind == "int"  # else float32 ends inside [low, high]: P + c rounds into the range
+            else st.floats(_inward(low, +1), _inward(high, -1), allow_nan=False, width=32)
+        )
+        return values.filter(bool) if nonzero else values
+
+    def shifts(self, positions: np.ndarray, *, as_position: bool = False):
+        """A strategy of one shift per axis (``shift``'s rules, each axis its own)."""
+        return st.tuples(*(self.shift(positions, a, as_position=as_position) for a in range(positions.shape[-1])))
 
     def turning_shifts(self, half_turns: list, n_axes: int) -> tuple:
         """The shifts the invertibility check moves an axis by: the widest range's width, 1,
         and per axis the shift that turns its fastest pair about half a turn (``half_turns``:
-        pi / (theta_max S_a), in units of the coordinate); integers for integer positions."""
+        pi / (theta_max S_a), in units of the coordinate); integers for integer positions.
+        In a declared range none exceeds a quarter of the narrowest range's width, so that
+        P + c e_k and P + c (e_j - e_k) stay in it from ``invertibility_base``."""
         shifts = {self.span(n_axes), 1.0, *half_turns}
         if self.kind == "int":
-            return tuple(sorted({max(1, int(round(c))) for c in shifts}))
+            shifts = {max(1, int(round(c))) for c in shifts}
+        if self.bounded:  # a range narrower than 4 integers still gets a step of 1
+            shifts = {min(c, max(self.quarter(n_axes), 1 if self.kind == "int" else 0)) for c in shifts}
+        if self.kind == "int":
+            return tuple(sorted(shifts))
         return tuple(sorted({float(np.float32(c)) for c in shifts if c > 0}))
+
+    def quarter(self, n_axes: int) -> float:
+        """A quarter of the narrowest declared range's width (integer positions: whole)."""
+        lo, hi = self.bounds(n_axes)
+        q = float(np.min(hi - lo)) / 4
+        return math.floor(q) if self.kind == "int" else q
+
+    def invertibility_base(self, positions: np.ndarray, largest_shift) -> np.ndarray:
+        """Positions the invertibility check moves by +-c along axes: in a declared range,
+        drawn in its lower half and moved up by the largest shift (then P +- c stays in the
+        range); otherwise as drawn."""
+        if not self.bounded:
+            return positions
+        return self.given(np.asarray(positions, np.float64) + largest_shift)
+
+
+def _inward(value: float, direction: int) -> float:
+    """The float32 nearest ``value`` on its side ``direction`` (+1: not below, -1: not above)."""
+    f = np.float32(value)
+    if direction > 0 and f < value:
+        f = np.nextafter(f, np.float32(np.inf))
+    if direction < 0 and f > value:
+        f = np.nextafter(f, np.float32(-np.inf))
+    return float(f)
 
 
 TOKEN_INDICES = Coordinates()
