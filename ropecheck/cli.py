@@ -159,6 +159,7 @@ def report(options):
     import shlex
     from pathlib import Path
 
+    from ropecheck.properties.nd.families import ND_FAMILIES
     from ropecheck.report import conformance
     from ropecheck.report.catalog import entries
 
@@ -171,8 +172,10 @@ def report(options):
         raise click.UsageError(
             f"--baseline: {options.baseline} is a check record; `ropecheck report` takes a report.json"
         )
-    # the N-D, xPos and builder families are judged by `ropecheck check --family` (docs/families.md)
-    catalog = {e.name: e for e in entries() if e.family == "rope"}
+    # RoPE, 1-D and N-D; the xPos and builder families are judged by `ropecheck check --family`
+    # (docs/families.md)
+    rotations = {"rope", *(f.name for f in ND_FAMILIES)}
+    catalog = {e.name: e for e in entries() if e.family in rotations}
     names = options.report_targets or []
     unknown = [n for n in names if n not in catalog]
     if unknown:

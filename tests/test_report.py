@@ -47,6 +47,18 @@ def test_report_renders_and_regenerates(tmp_path):
     assert _strip_timing(_report(tmp_path / "b")) == _strip_timing(first)
 
 
+def test_an_n_d_adapter_gets_its_row_and_a_builder_is_refused(tmp_path):
+    """N-D rotations are judged at the convention they imply; builders, whose checks take
+    no tensors, stay with `ropecheck check --family`."""
+    result = CliRunner().invoke(main, ["report", "--out", str(tmp_path), "--target", "rotary-embedding-torch-axial",
+                                       "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "report.json").read_text())["targets"]["rotary-embedding-torch-axial"]["dtypes"]
+    assert summary["float32"]["verdict"] == "passed", summary
+    result = CliRunner().invoke(main, ["report", "--out", str(tmp_path), "--target", "hf-qwen2vl-rope-index"])
+    assert result.exit_code == 2 and "unknown target" in result.output
+
+
 def test_report_refuses_unknown_targets(tmp_path):
     result = CliRunner().invoke(main, ["report", "--out", str(tmp_path), "--target", "nope"])
     assert result.exit_code == 2 and "unknown target" in result.output
