@@ -62,8 +62,8 @@ def _table_rope(limit):
     correct = _torch(CONV)
 
     def rope(x, positions):
-        if int(positions.max()) > limit:
-            raise IndexError(f"position {int(positions.max())} is past the table ({limit})")
+        if int(positions.max()) > limit or int(positions.min()) < 0:
+            raise IndexError(f"positions {int(positions.min())} .. {int(positions.max())} are off the table ({limit})")
         return correct(x, positions)
     return rope
 
@@ -73,6 +73,17 @@ def test_checks_stay_within_a_declared_max_position(prop):
     target = Target("table", _table_rope(300), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=300)
     assert prime_step(INVERTIBILITY_STEP, limit(target) // 4) == 73  # the largest prime <= 300 / 4
     assert run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
+
+
+@pytest.mark.parametrize("prop", sorted(ND_PROPERTIES))
+def test_a_grid_table_of_32_per_axis_is_declared_and_kept_to(prop):
+    """A video model's table is built for a whole grid (32^3 tokens at 31 per axis): an N-D
+    target may declare less than 1-D's 255, and its inputs are then drawn in 0 .. 15 (they
+    were drawn from -1, past half the limit: the offsets' spread of 64 was larger than it)."""
+    target = Target("grid", _table_rope(31), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=31)
+    assert run_property(ND_PROPERTIES[prop], target, "float32", OPTIONS).status == "passed"
+    with pytest.raises(ValueError, match="at least 255"):
+        Target("one-d", _table_rope(31), max_position=31)
 
 
 def test_without_the_declaration_the_table_target_is_driven_past_its_end():

@@ -111,12 +111,13 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
             s = sum(lengths)
         else:
             s = fitted_seq(s, 1, b * wide * head_dim, sizes)
-        top = limit(target) // 2 - 64  # inputs stay below half the limit
+        spread = min(64, limit(target) // 2)  # inputs stay at or below half the limit (a small one too)
+        top = limit(target) // 2 - spread
         coords = coordinates_of(target)
         if coords.token_indices:
             bases = st.sampled_from(tuple(min(b, top) for b in (0, 0, 7, 1000, ND_MAX_POSITION // 2)))
             base = d(bases)
-            p = (small_offsets(d, b * s * target.n_axes, 64) + base).reshape(b, s, target.n_axes)
+            p = (small_offsets(d, b * s * target.n_axes, spread) + base).reshape(b, s, target.n_axes)
             if target.n_axes > 1 and d(st.booleans()):  # axes far apart (a video's frames past its rows):
                 p = p - base + np.asarray([d(bases) for _ in range(target.n_axes)])  # mixed-up axes' slow pairs differ
         else:  # image / video coordinates: a grid or scattered over the declared ranges
