@@ -17,7 +17,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.dtypes import DTYPES
@@ -36,7 +36,7 @@ class Adapter:
     name: str
     library: str  # distribution name, e.g. "transformers"
     build: Callable[[], Callable]
-    convention: Optional[Convention]
+    convention: Optional[Convention] | Any  # 1-D: a Convention; --family pairs: its PairRotation
     description: str
     modules: tuple[str, ...] = ()
     install: str = ""

@@ -78,7 +78,7 @@ def entries() -> list[Entry]:
             )
         )
     for adapter in ADAPTERS.values():
-        c = adapter.convention
+        c = adapter.convention if adapter.family == "rope" else None  # an N-D one (a PairRotation): its flags
         out.append(
             Entry(
                 adapter.name,
