@@ -159,7 +159,7 @@ def report(options):
     import shlex
     from pathlib import Path
 
-    from ropecheck.properties.nd.families import ND_FAMILIES
+    from ropecheck.properties.nd.families import ND_FAMILY_NAMES
     from ropecheck.report import conformance
     from ropecheck.report.catalog import entries
 
@@ -174,7 +174,7 @@ def report(options):
         )
     # RoPE, 1-D and N-D; the xPos and builder families are judged by `ropecheck check --family`
     # (docs/families.md)
-    rotations = {"rope", *(f.name for f in ND_FAMILIES)}
+    rotations = {"rope", *ND_FAMILY_NAMES}
     catalog = {e.name: e for e in entries() if e.family in rotations}
     names = options.report_targets or []
     unknown = [n for n in names if n not in catalog]

@@ -93,8 +93,10 @@ def test_without_the_declaration_the_table_target_is_driven_past_its_end():
 
 
 def test_max_position_below_the_smallest_usable_range_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="at least 255"):
-        Target("table", _table_rope(100), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=100)
+    # an N-D rotation may declare down to 31 per axis (a video grid of 32^3 tokens), 1-D ones 255
+    with pytest.raises(ValueError, match="at least 31"):
+        Target("table", _table_rope(20), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=20)
+    Target("table", _table_rope(31), CONV, family="axial", n_axes=2, head_dims=(8,), max_position=31)
     module = tmp_path / "tiny.py"
     module.write_text("from ropecheck.targets.target import Target\n"
                       "TINY = Target(name='tiny', fn=lambda x, positions: x, max_position=100)\n")

@@ -162,3 +162,4 @@ ND_FAMILIES = (
         calls=("x", "diffusers"),
     ),
 )
+ND_FAMILY_NAMES = tuple(f.name for f in ND_FAMILIES)  # the N-D rotations' --family values

@@ -22,11 +22,11 @@ from ropecheck.properties.core.contract import ROTATING_FORMS, check_call
 from ropecheck.properties.core.dtypes import DTYPES
 from ropecheck.properties.interfaces.interface import Interface
 from ropecheck.properties.interfaces.space import Space
+from ropecheck.properties.nd.families import ND_FAMILY_NAMES
 
 MIN_MAX_POSITION = 255  # the smallest position range a target may declare
 # an N-D rotation may declare less: a video model builds its table for a whole (frames, rows,
 # columns) grid at once, and 32 per axis is already a grid of 32768 tokens (255: 16.7 million)
-ND_FAMILIES = ("axial", "mrope", "nd", "pairs")
 MIN_ND_MAX_POSITION = 31
 
 
@@ -82,7 +82,7 @@ class Target:
             raise ValueError(f"{self.name}: unknown api {self.api!r}; known: {', '.join(PRESETS)}")
         if self.convention is not None and getattr(self.convention, "rotary_dim", None) is not None:
             object.__setattr__(self, "rotary_dim", self.convention.rotary_dim)
-        least = MIN_ND_MAX_POSITION if self.family in ND_FAMILIES else MIN_MAX_POSITION
+        least = MIN_ND_MAX_POSITION if self.family in ND_FAMILY_NAMES else MIN_MAX_POSITION
         if self.max_position is not None and self.max_position < least:
             raise ValueError(f"{self.name}: max_position must be at least {least}, got {self.max_position}")
 
