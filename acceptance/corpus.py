@@ -164,6 +164,13 @@ CHECKS.update({
         ("ideogram4-autocast", "ideogram4", [*IDEOGRAM4, "--mode", "autocast"]),
         ("ideogram4-autocast-angles", "ideogram4_autocast_angles", [*IDEOGRAM4, "--mode", "autocast"]),  # #13920
         ("ideogram4-autocast-angles-eager", "ideogram4_autocast_angles", IDEOGRAM4),  # autocast's bug: eager passes
+        # table builders of N-D rotations, judged by the rotation their tables make (--call builder)
+        ("builder-flux", "flux_builder", [*FLUX_IDS, "--call", "builder"]),
+        ("builder-flux-complex", "flux_builder_complex", [*FLUX_IDS, "--call", "builder"]),
+        ("builder-flux-half-tables", "flux_builder_half_tables", [*FLUX_IDS, "--call", "builder"]),
+        ("builder-flux-ids-in-bf16", "flux_builder_ids_in_bf16", [*FLUX_IDS, "--call", "builder"]),
+        ("builder-flux2", "flux2_builder", ["--family", "table-builder", *FLUX2[2:]]),  # the alias
+        ("builder-flux2-theta-dropped", "flux2_builder_theta_dropped", ["--family", "table-builder", *FLUX2[2:]]),
     )},
     "xpos-correct": ["acceptance/kernels/nd.py:xpos_correct", "--family", "xpos"],
     "xpos-key-upscaled": ["acceptance/kernels/nd.py:xpos_key_upscaled", "--family", "xpos", *F32],

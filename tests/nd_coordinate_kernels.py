@@ -400,3 +400,60 @@ def ideogram4(x, positions):
 def ideogram4_autocast_angles(x, positions):
     """diffusers #13920: the frequency matmul left to an ambient autocast (bf16)."""
     return _ideogram4(x, positions, guard=False)
+
+
+# --- table builders of N-D rotations (--call builder): build(positions (S, n_axes)) -> tables --
+# As diffusers' FluxPosEmbed builds them: per axis get_1d_rotary_pos_embed(axes_dim[k], ids[:, k],
+# theta, use_real=True, repeat_interleave_real=True, freqs_dtype=float64), the axes' cos and
+# sin (S, axes_dim[k]) concatenated into (S, D) float32; applied by apply_rotary_emb with
+# use_real_unbind_dim=-1 (adjacent pairs).
+def _flux_tables(ids, axes_dim, theta, interleave=True):
+    cos, sin = [], []
+    for k, width in enumerate(axes_dim):
+        freqs = 1.0 / theta ** (torch.arange(0, width, 2, dtype=torch.float64) / width)
+        angles = ids[:, k].double()[:, None] * freqs
+        widen = (lambda t: t.repeat_interleave(2, dim=1)) if interleave else (lambda t: torch.cat([t, t], dim=1))
+        cos.append(widen(angles.cos()).float())
+        sin.append(widen(angles.sin()).float())
+    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
+
+
+def flux_builder(ids):
+    """FLUX.1: axes_dim (16, 56, 56), theta 10000, float ids."""
+    return _flux_tables(ids, QWEN_IMAGE_AXES, 10000.0)
+
+
+def flux_builder_complex(ids):
+    """The same tables as diffusers' use_real=False returns them: complex (S, D/2)."""
+    cos, sin = flux_builder(ids)
+    return torch.complex(cos[:, 0::2], sin[:, 0::2])
+
+
+def flux_builder_half_tables(ids):
+    """repeat_interleave_real=False: each axis' table as cat(f, f), the half layout's, for an
+    applier of adjacent pairs (the table-layout bug of timm PR #2692 and diffusers' Wan)."""
+    return _flux_tables(ids, QWEN_IMAGE_AXES, 10000.0, interleave=False)
+
+
+def flux_builder_ids_in_bf16(ids):
+    """The ids stored in the model's dtype before the tables are built."""
+    return flux_builder(ids.bfloat16().float())
+
+
+FLUX2_AXES = (32, 32, 32, 32)
+
+
+def flux2_builder(ids):
+    """FLUX.2's tables: four axes of 32 at theta 2000 (diffusers' Flux2PosEmbed)."""
+    return _flux_tables(ids, FLUX2_AXES, 2000.0)
+
+
+def flux2_builder_theta_dropped(ids):
+    """diffusers #10111: FluxPosEmbed did not pass its theta on: 10000 for FLUX.2's 2000."""
+    return _flux_tables(ids, FLUX2_AXES, 10000.0)
+
+
+def builder_wrong_shape(ids):
+    """cos and sin (S, D/2): one column per pair, not the (S, D) feature tables declared."""
+    cos, sin = flux_builder(ids)
+    return cos[:, 0::2], sin[:, 0::2]

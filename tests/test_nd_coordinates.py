@@ -299,3 +299,39 @@ def test_vjepa2_blocks_with_a_passed_through_tail(tmp_path, kernel, code):
     assert json.loads(path.read_text()) == json.load(open("acceptance/kernels/vjepa2_pairs.json"))
     r = _check(kernel, "--family", "pairs", "--pair-table", str(path), "--coord-range", "0:63", *_expect(code))
     assert r.exit_code == code, r.output
+
+
+# --- table builders of N-D rotations: --call builder, --family table-builder with N-D options --
+FLUX_BUILDER = ("--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "16,56,56", "--positions",
+                "float", "--coord-range", "0:512", "--call", "builder")
+FLUX2_BUILDER = ("--family", "table-builder", "--axes", "4", "--layout", "interleaved", "--split", "32,32,32,32",
+                 "--base", "2000", "--coord-range", "0:512")  # the alias: axial, --call builder
+
+
+@pytest.mark.parametrize("kernel, flags, code", [
+    ("flux_builder", FLUX_BUILDER, 0),
+    ("flux_builder_complex", FLUX_BUILDER, 0),  # use_real=False: complex (S, D/2) in the pairs' order
+    ("flux_builder_half_tables", FLUX_BUILDER, 1),  # cat(f, f) tables for adjacent pairs
+    ("flux_builder_ids_in_bf16", FLUX_BUILDER, 1),
+    ("flux2_builder", FLUX2_BUILDER, 0),
+    ("flux2_builder_theta_dropped", FLUX2_BUILDER, 1),  # diffusers #10111 at FLUX.2's theta 2000
+])
+def test_a_table_builder_is_judged_by_the_rotation_its_tables_make(kernel, flags, code):
+    r = _check(kernel, *flags, *_expect(code))
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_builder_has_no_backward_of_its_own_and_its_alias_reproduces_as_the_call_form():
+    r = _check("flux2_builder_theta_dropped", *FLUX2_BUILDER, "--property", "reference")
+    line = next(line for line in r.output.splitlines() if "reproduce:" in line)
+    assert "--call builder" in line and "--family axial" in line, line
+    r = _check("flux_builder", *FLUX_BUILDER, "--property", "backward")
+    assert r.exit_code == 0 and "skip" in r.output, r.output
+
+
+def test_a_builder_s_tables_of_the_wrong_shape_or_without_a_declared_rotation_are_told():
+    r = _check("builder_wrong_shape", *FLUX_BUILDER, "--property", "contract")
+    assert r.exit_code == 1 and "expected a float (" in r.output, r.output
+    r = _check("flux_builder", "--family", "nd", "--axes", "3", "--call", "builder")
+    assert r.exit_code == 2 and "declares none" in r.output and "Traceback" not in r.output, r.output

@@ -130,7 +130,9 @@ def test_usage_errors_exit_2_with_a_clear_message():
     missing = cli(f"{KERNELS}:correct_table", "--family", "table-builder", "--layout", "half")
     assert missing.returncode == 2
     assert "--family table-builder needs --rotary-dim R" in missing.stdout + missing.stderr
-    with pytest.raises(ValueError, match="axes does not apply to --family table-builder"):
+    # --axes makes it an N-D rotation's table builder (--family axial --call builder), whose
+    # width is its split's, not a --rotary-dim
+    with pytest.raises(ValueError, match="rotary_dim does not apply to --family axial"):
         run(k.correct_table, axes=2)
     factors = run(k.correct_table, scaling="longrope", rotary_dim=32)  # 32 LongRoPE factors, 16 frequencies
     assert factors.verdict == "unusable" and "LongRoPE factors have 32 entries" in factors.summary()

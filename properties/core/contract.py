@@ -29,14 +29,23 @@ CALL_FORMS = {
     "cache": "build(max_position) -> cos_sin_cache",
     # diffusers' applier: tables ropecheck makes from the declared N-D rotation
     "diffusers": "apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1|-2, sequence_dim=1|2) -> y",
+    # an N-D rotation's table builder: ropecheck applies the tables it returns
+    "builder": "build(positions (S, n_axes)) -> (cos, sin) each (S, D), or complex (S, D/2)",
 }
 # positional arguments of each form (a loader checks a target's signature with them)
-ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1, "table": 1, "cache": 1, "diffusers": 2}
+ARITY = {"x": 2, "qk": 3, "packed": 3, "segments": 1, "table": 1, "cache": 1, "diffusers": 2, "builder": 1}
 # the forms that take tensors to rotate (the others: builders of positions or of tables)
 TENSOR_FORMS = ("x", "qk", "packed")
 # the forms fed tables made from a declared N-D rotation (the N-D families' only)
 APPLIER_FORMS = ("diffusers",)
-ROTATING_FORMS = TENSOR_FORMS + APPLIER_FORMS
+# the N-D rotation's table builders: ropecheck applies the tables they return
+BUILDER_FORMS = ("builder",)
+# the forms called with the batch's one row of positions (S, n_axes): tables the batch shares
+ROW_FORMS = APPLIER_FORMS + BUILDER_FORMS
+# the forms the rotation checks call with x (a builder through ropecheck's own applier)
+ROTATING_FORMS = TENSOR_FORMS + ROW_FORMS
+# the forms whose backward is the target's (a builder's tables are applied by ropecheck)
+DIFFERENTIABLE_FORMS = TENSOR_FORMS + APPLIER_FORMS
 
 
 def check_call(call: str) -> str:

@@ -31,7 +31,7 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
-from ropecheck.properties.core.contract import APPLIER_FORMS, ROTATING_FORMS, Subject
+from ropecheck.properties.core.contract import APPLIER_FORMS, ROTATING_FORMS, ROW_FORMS, Subject
 from ropecheck.properties.core.dtypes import torch_dtype
 from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.inputs.cases import Case, as_float64, nested
@@ -122,7 +122,7 @@ def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[
                 p = p - base + np.asarray([d(bases) for _ in range(target.n_axes)])  # mixed-up axes' slow pairs differ
         else:  # image / video coordinates: a grid or scattered over the declared ranges
             p = coords.draw(d, b, s, target.n_axes, room=room)
-        if target.call in APPLIER_FORMS:  # an applier's tables are (seq, head_dim): one row for the batch
+        if target.call in ROW_FORMS:  # an applier's or builder's tables are (seq, head_dim): one row for the batch
             p = np.ascontiguousarray(np.broadcast_to(p[:1], p.shape))
         case = Case(
             dtype,

@@ -159,7 +159,7 @@ ND_FAMILIES = (
         "pairs",
         _declare_pairs,
         f"{_CONTRACT}: any convention as its list of rotated pairs (--pair-table), across heads too",
-        calls=("x", "diffusers"),
+        calls=("x", "diffusers", "builder"),
     ),
 )
 ND_FAMILY_NAMES = tuple(f.name for f in ND_FAMILIES)  # the N-D rotations' --family values

@@ -18,7 +18,7 @@ from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
 from ropecheck.calling.launches import Recorded
 from ropecheck.calling.presets import PRESETS
-from ropecheck.properties.core.contract import APPLIER_FORMS, CallError
+from ropecheck.properties.core.contract import ROW_FORMS, CallError
 
 DEFAULT_TIMEOUT = 20.0
 COMPILING_MODES = ("compile", "cudagraph")
@@ -135,7 +135,7 @@ class Caller:
                 inplace=self.inplace,
                 cp_size=self.cp_size,
             )
-        if call in APPLIER_FORMS:  # tables made from the declared rotation, the case's argument choices
+        if call in ROW_FORMS:  # tables made from (or applied by) the declared rotation, the case's choices
             return Form(
                 call, choices=getattr(case, "choices", ()) if case is not None else (), convention=self.convention
             )

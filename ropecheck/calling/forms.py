@@ -77,6 +77,8 @@ class Form:
             return self._packed(fn, x, positions)
         if self.call == "diffusers":
             return self._diffusers(fn, x, positions)
+        if self.call == "builder":
+            return self._builder(fn, x, positions)
         out = fn(x, positions)
         return out, out
 
@@ -149,6 +151,55 @@ class Form:
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor like x")
         _fits("y", out, given)
         return (out if sequence_dim == 1 else out.transpose(1, 2)), out
+
+    # --- builder: build(positions) -> (cos, sin), applied here ----------------------------
+    def _builder(self, fn, x, positions):
+        """An N-D rotation's table builder, called with the batch's one row of positions
+        (S, n_axes): its tables (``builder_tables``) applied to x along the declared pairs
+        in float64, x_i cos_i - x_j sin_i and x_j cos_j + x_i sin_j for pair (i, j), x_k cos_k
+        for a feature in no pair, rounded once to x's dtype: what the checks see is the
+        rotation the tables make, exactly but for that last rounding."""
+        conv = self.convention[x.shape[-1]] if isinstance(self.convention, dict) else self.convention
+        out = fn(positions[0])
+        cos, sin = builder_tables(out, x.shape[1], conv)
+        first, second, _, _ = conv.arrays
+        x64 = x.to(torch.float64)
+        turned = torch.zeros_like(x64)
+        turned[..., first], turned[..., second] = -x64[..., second], x64[..., first]
+        c, s = (t.to(x.device)[None, :, None, :] for t in (cos, sin))
+        return (x64 * c + turned * s).to(x.dtype), out
+
+
+def builder_tables(out, seq: int, conv) -> tuple:
+    """A builder's result as float64 cos and sin (S, D): (cos, sin), each (S, D) with each
+    pair's value at both its features (diffusers' ``use_real=True`` tables), or one complex
+    tensor (S, D/2) whose column p is pair p's cos + i sin in the declared pairs' order
+    (``use_real=False``; features in no pair: cos 1, sin 0). ReturnedWrong when it is
+    neither, or not finite."""
+    d, pairs = conv.head_dim, len(conv.first)
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        if tuple(out.shape) != (seq, pairs):
+            raise ReturnedWrong(
+                "shape", f"the builder returned a complex {tuple(out.shape)}, expected ({seq}, {pairs})"
+            )
+        table = out.detach().to(torch.complex128).cpu()
+        first, second, _, _ = conv.arrays
+        cos, sin = torch.ones(seq, d, dtype=torch.float64), torch.zeros(seq, d, dtype=torch.float64)
+        cos[:, first], cos[:, second] = table.real, table.real
+        sin[:, first], sin[:, second] = table.imag, table.imag
+    elif isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
+        for name, t in zip(("cos", "sin"), out):
+            if tuple(t.shape) != (seq, d) or not t.is_floating_point():
+                raise ReturnedWrong(
+                    "shape", f"the builder's {name} is {tuple(t.shape)} {t.dtype}, expected a float ({seq}, {d})"
+                )
+        cos, sin = (t.detach().to(torch.float64).cpu() for t in out)
+    else:
+        wanted = f"(cos, sin) each ({seq}, {d}) or a complex ({seq}, {pairs})"
+        raise ReturnedWrong("type", f"the builder returned {_kind(out)}, expected {wanted}")
+    if not (bool(torch.isfinite(cos).all()) and bool(torch.isfinite(sin).all())):
+        raise ReturnedWrong("non-finite", "the builder's cos or sin is not finite")
+    return cos, sin
 
 
 def unbind_dim(conv) -> int:

@@ -27,6 +27,7 @@ from ropecheck.calling.sanitizer import TOOLS
 from ropecheck.properties.core.contract import APPLIER_FORMS, CALL_FORMS
 from ropecheck.properties.families import FAMILIES
 from ropecheck.properties.nd.coordinates import FLOAT_RANGE, KINDS
+from ropecheck.properties.nd.families import ND_FAMILY_NAMES
 from ropecheck.properties.runner import DEFAULT_PROFILE, PROFILES
 from ropecheck.reference import LAYOUTS
 from ropecheck.reference.nd import PAIR_SPANS
@@ -60,7 +61,7 @@ TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
     "Output",
     "Baseline (accuracy regressions)",
 )
-ROTATION_FAMILIES = ("axial", "mrope", "nd", "pairs")
+ROTATION_FAMILIES = ND_FAMILY_NAMES
 TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "pairs", "xpos")
 # the position builders (--axes); the table builders (TABLE_BUILDERS) take the 1-D convention
 BUILDERS = tuple(name for name, family in FAMILIES.items() if "segments" in family.calls)
@@ -76,7 +77,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("call",
         "The target's call form: x = rope(x, positions) -> y; qk = rope(q, k, positions) -> "
         "(q_out, k_out) with k_heads dividing q_heads; packed = rope(x, cu_seqlens, positions) -> y on "
-        "(total, heads, head_dim). Default: what the target declares, else its family's first.",
+        "(total, heads, head_dim); N-D (--family axial, mrope, pairs): builder = build(positions (S, n_axes)) -> "
+        "(cos, sin) each (S, D), or complex (S, D/2): an N-D table builder whose tables ropecheck applies along the "
+        "declared pairs (also --family table-builder with N-D options). Default: what the target declares, else "
+        "its family's first.",
         TARGET, choices=tuple(CALL_FORMS)),
     Option("api",
         "The library interface the target has, called as that library's callers call it (no wrapper; "
@@ -394,4 +398,22 @@ def parse(command: str, raw: Mapping[str, Any], door: str = "cli", sources: Mapp
         except (ValueError, TypeError, OSError) as exc:
             raise UsageError(complaint(option, came, exc)) from None
         given.append(name)
+    _n_d_table_builder(values, given)
     return Options(command, values, given, door)
+
+
+# the options only N-D rotations (and position builders) take: with --family table-builder,
+# they make it an N-D rotation's table builder
+N_D_OPTIONS = tuple(o.name for o in OPTIONS if o.families and set(o.families) <= {*ROTATION_FAMILIES, *BUILDERS})
+
+
+def _n_d_table_builder(values: dict, given: list) -> None:
+    """--family table-builder with an N-D option is the table builder of an N-D rotation:
+    the family its options name (--pair-table: pairs, --sections: mrope, else axial) called
+    as --call builder (``properties.core.contract.BUILDER_FORMS``)."""
+    if values.get("family") != "table-builder" or not any(name in given for name in N_D_OPTIONS):
+        return
+    values["family"] = "pairs" if "pair_table" in given else "mrope" if "sections" in given else "axial"
+    if values.get("call") in (None, "table"):
+        values["call"] = "builder"
+        given.append("call")

@@ -16,7 +16,7 @@ from ropecheck.calling import context_parallel, devices, quiet, sanitizer
 from ropecheck.calling.forms import unbind_dim
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.roles import role
-from ropecheck.properties.core.contract import APPLIER_FORMS, ROTATING_FORMS
+from ropecheck.properties.core.contract import APPLIER_FORMS, DIFFERENTIABLE_FORMS, ROW_FORMS
 from ropecheck.properties.families import family as family_record
 from ropecheck.properties.property import Family, FamilyError
 from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
@@ -140,10 +140,11 @@ def declare(target: Target, options: Options) -> Target:
         declared = fam.declare(parameters, own)
     except FamilyError as exc:
         raise UnusableTarget(str(exc)) from None
-    if call in APPLIER_FORMS and declared.convention is None:
+    if call in ROW_FORMS and declared.convention is None:
         raise UnusableTarget(
-            f"--call {call}: ropecheck makes the applier's cos/sin tables from the declared rotation: "
-            "give --family axial, mrope or pairs with their convention (--family nd declares none)"
+            f"--call {call}: ropecheck makes the applier's cos/sin tables from the declared rotation, or applies "
+            "the builder's along its pairs: give --family axial, mrope or pairs with their convention "
+            "(--family nd declares none)"
         )
     if call in APPLIER_FORMS:
         _check_applier(call, declared.convention)
@@ -165,7 +166,7 @@ def declare(target: Target, options: Options) -> Target:
         rotary_dim=declared.rotary_dim or target.rotary_dim,
         dtypes=declared.dtypes or target.dtypes,
         max_position=min(limits) if limits else None,
-        backward=options.backward and target.backward and call in ROTATING_FORMS,
+        backward=options.backward and target.backward and call in DIFFERENTIABLE_FORMS,
         inplace=options.inplace or target.inplace,
         device=device,
         implies={**target.implies, **options.parameters()},
