@@ -13,7 +13,8 @@ exact integers (256).
 Position axis 0 is the grid row (height), axis 1 the column (width). Schemes whose
 positions are not integers (timm's default ``in_pixels=True`` and DINOv3 grids, and
 rotary-embedding-torch ``freqs_for='pixel'``: coordinates spread over [-1, 1] by the grid
-size) are not RoPE at integer positions and are not adapted.
+size) are not RoPE at integer positions and are not adapted here; timm's DINOv3 and EVA-02 at
+their models' configurations, on coordinates, are in ``vision_nd``.
 """
 
 from __future__ import annotations
