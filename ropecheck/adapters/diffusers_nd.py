@@ -28,6 +28,9 @@ from ropecheck.reference.nd import from_table
 
 INSTALL = "pip install diffusers==0.42.1 torch==2.13.0"
 GRID_MAX = 31  # largest position per axis of the grid-built tables (a grid of 32^3 tokens at most)
+# Qwen-Image's centred grid (scale_rope): frames 0 .., rows and columns -h/2 .. h/2 - 1, within
+# the same 32^3 cells (the declared range is the domain every checked position lies in)
+QWEN_RANGES = ("0:15", "-16:15", "-16:15")
 TRANSFORMERS = "diffusers.models.transformers."
 
 # --- the models' configurations (diffusers 0.42.1 defaults, file by file) -------------------
@@ -389,10 +392,10 @@ _RECORDS = (
         build_qwen_image,
         "diffusers QwenEmbedRope(theta 10000, axes (16, 56, 56), scale_rope) + apply_rotary_emb_qwen "
         "(complex, head 128)",
-        _axial(QWEN_AXES, 10000.0),
+        _axial(QWEN_AXES, 10000.0, coord_range=QWEN_RANGES),
         GRID_MAX,
-        f"N-D target: positions (batch, seq, 3) = (frame, row, column); the checks draw 0 .. {GRID_MAX} (token "
-        "indices); the centred grid's negative rows and columns are taken too (tests/test_diffusers_adapters.py)",
+        "N-D target: positions (batch, seq, 3) = (frame, row, column) in its centred grid's domain "
+        f"{', '.join(QWEN_RANGES)} (frames from 0, rows and columns centred on 0)",
     ),
     (
         "diffusers-cosmos-rope",
