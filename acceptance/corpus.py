@@ -26,6 +26,11 @@ ADAPTERS = [
     "hf-qwen2vl-rope-index", "hf-qwen2vl-mrope-qk", "hf-qwen3vl-mrope", "rotary-embedding-torch-xpos",
     "x-transformers-xpos", "hf-apply-rotary-pos-emb", "liger-rotary-pos-emb", "flash-attn-apply-rotary-emb",
     "megatron-core-apply-rotary-pos-emb", "megatron-core-apply-rotary-pos-emb-packed",
+    # image and video RoPE: diffusers' models and the vision encoders at their configurations
+    "diffusers-flux-rope", "diffusers-flux2-rope", "diffusers-hunyuan-video-rope", "diffusers-wan-rope",
+    "diffusers-cogvideox-rope", "diffusers-cogvideox15-rope", "diffusers-qwenimage-rope", "diffusers-cosmos-rope",
+    "diffusers-ltx-video-rope", "diffusers-apply-rotary-emb", "diffusers-apply-rotary-emb-half",
+    "hf-qwen25vl-vision-rope", "hf-pixtral-rope", "timm-eva02-rope", "timm-dinov3-rope",
 ]
 MUTANTS = [
     "sign_flipped", "interleaved_pairs", "wrong_base", "off_by_one", "positions_ignored",
