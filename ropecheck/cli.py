@@ -285,25 +285,44 @@ def _list_presets(console) -> None:
     main,
     "identify",
     "Infer TARGET's pairing, direction, frequencies (base, scaling) and rotary dim by "
-    "probing it, and print them as ropecheck flags. Exit 0: a rotary embedding, "
-    "identified; 1: not a rotary embedding (the reasons are printed); 2: the target "
-    "is unusable.",
+    "probing it, and print them as ropecheck flags. --family nd (or axial, mrope, pairs) "
+    "--axes N: an N-D rotation rope(x, positions (batch, seq, N)), named as --family axial, "
+    "mrope or a --pair-table. Exit 0: a rotary embedding, identified; 1: not a rotary "
+    "embedding (the reasons are printed); 2: the target is unusable.",
 )
 def identify(options):
     from ropecheck.identification.engine import UnusableTarget as Unusable
     from ropecheck.identification.engine import identify_spec
-    from ropecheck.identification.output import print_identification
+    from ropecheck.identification.nd import identify_nd_spec
+    from ropecheck.identification.output import print_identification, print_nd_identification
     from ropecheck.identification.output import write_json as write_identification
+    from ropecheck.properties.nd.families import ND_FAMILY_NAMES
 
     console = Console(highlight=False)
+    family = options.family or "rope"
+    if family not in ("rope", *ND_FAMILY_NAMES):
+        raise click.UsageError(f"identify takes --family rope or an N-D rotation ({', '.join(ND_FAMILY_NAMES)})")
+    nd = family != "rope"
+    if not nd and ("axes" in options.given or "write_table" in options.given):
+        raise click.UsageError("--axes and --write-table apply to identify --family nd (an N-D rotation)")
     try:
-        ident = identify_spec(options.target, options.timeout, options.probe_max_position, options.in_process)
+        if nd:
+            ident = identify_nd_spec(
+                options.target,
+                options.axes,
+                options.timeout,
+                options.probe_max_position,
+                options.in_process,
+                options.write_table,
+            )
+        else:
+            ident = identify_spec(options.target, options.timeout, options.probe_max_position, options.in_process)
     except Unusable as exc:
         fail(console, f"cannot identify target {options.target!r}: {exc}")
     except Exception as exc:  # our own bug: say so plainly (KeyboardInterrupt: click aborts)
         traceback.print_exc() if options.debug else None
         fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
-    print_identification(console, ident)
+    print_nd_identification(console, ident) if nd else print_identification(console, ident)
     if options.json:
         write_identification(options.json, ident)
     sys.exit(EXIT_PASSED if ident.rotary else EXIT_FAILED)

@@ -86,16 +86,21 @@ def frequency_table(ident) -> Table:
     return table
 
 
+def print_refusal(console: Console, ident, what: str, axes: str = "") -> None:
+    """Why ``ident`` is not what ``what`` names, with the evidence gathered until then."""
+    console.print(
+        f"[bold red]{what}[/] ({escape(ident.target)}, {axes}probed in "
+        f"{ident.dtype or '-'}, head_dim {ident.head_dim or '-'}):"
+    )
+    for reason in ident.reasons:
+        console.print(f"  {escape(reason)}", soft_wrap=True)
+    if ident.evidence:
+        console.print(evidence_table(ident))
+
+
 def print_identification(console: Console, ident) -> None:
     if not ident.rotary:
-        console.print(
-            f"[bold red]not a rotary embedding[/] ({escape(ident.target)}, probed in "
-            f"{ident.dtype or '-'}, head_dim {ident.head_dim or '-'}):"
-        )
-        for reason in ident.reasons:
-            console.print(f"  {escape(reason)}", soft_wrap=True)
-        if ident.evidence:
-            console.print(evidence_table(ident))
+        print_refusal(console, ident, "not a rotary embedding")
         return
     console.print(summary_table(ident))
     console.print(evidence_table(ident))
@@ -132,3 +137,49 @@ def _plain(value):
 def write_json(path, ident) -> None:
     data = {"identification": ident.to_json(), "environment": environment()}
     Path(path).write_text(json.dumps(data, indent=2, default=_plain) + "\n")
+
+
+def pair_table(ident) -> Table:
+    table = Table(title="pairs (first -> second turns by theta x_axis + phase)", title_justify="left")
+    for column in ("first", "second", "axis", "theta", "+-", "phase"):
+        table.add_column(column, justify="right")
+    rows: list[Optional[int]] = list(range(len(ident.pairs)))
+    if len(rows) > MAX_ROWS:
+        rows = rows[: MAX_ROWS // 2] + [None] + rows[-MAX_ROWS // 2 :]
+    for k in rows:
+        if k is None:
+            table.add_row("...", "", "", "", "", "")
+            continue
+        first, second, axis, theta, phase = ident.pairs[k]
+        table.add_row(str(first), str(second), str(axis), f"{theta:.9g}", f"{ident.theta_error[k]:.1g}", f"{phase:.6g}")
+    return table
+
+
+def print_nd_identification(console: Console, ident) -> None:
+    """An N-D identification (``identification.nd``): the probe, the pairs per axis, the
+    evidence, the declaration found as flags, or the pair table."""
+    if not ident.rotary:
+        print_refusal(console, ident, "not an N-D rotary embedding ropecheck can name", f"{ident.n_axes} axes, ")
+        return
+    per_axis = [sum(1 for row in ident.pairs if row[2] == a) for a in range(ident.n_axes)]
+    summary = Table(title=f"ropecheck identify: {escape(ident.target)}", title_justify="left", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value")
+    summary.add_row(
+        "probe",
+        f"{ident.dtype}, head_dim {ident.head_dim}, {ident.n_axes} axes, positions up to {ident.max_position} per axis",
+    )
+    summary.add_row("pairs per axis", ", ".join(map(str, per_axis)) + f" (pass-through {len(ident.pass_through)})")
+    summary.add_row("declaration", ident.family if ident.family != "pairs" else "pair table")
+    console.print(summary)
+    console.print(evidence_table(ident))
+    console.print(pair_table(ident))
+    for note in ident.notes:
+        console.print(f"[yellow]note[/] {escape(note)}", soft_wrap=True)
+    console.print(f"confidence: [bold]{ident.confidence}[/] (worst test at {ident.worst_ratio:.2g} of its error bound)")
+    console.print(f"flags: {escape(ident.flags)}", soft_wrap=True)
+    if ident.table_path:
+        console.print(f"pair table written to {escape(ident.table_path)}", soft_wrap=True)
+    elif ident.family == "pairs":
+        console.print("pair table (save it as FILE.json, or rerun with --write-table FILE.json):")
+        print(json.dumps(ident.table, separators=(",", ":")))

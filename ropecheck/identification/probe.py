@@ -33,7 +33,9 @@ class Probe:
 def basis_input(positions, head_dim: int, extra: np.ndarray, dtype: str):
     heads = np.concatenate([np.eye(head_dim), extra]) if extra is not None else np.eye(head_dim)
     x = np.broadcast_to(heads, (1, len(positions)) + heads.shape).copy()
-    return (torch.from_numpy(x).to(torch_dtype(dtype)), torch.tensor([list(positions)], dtype=torch.int64))
+    # positions: one per token (1-D), or one N-tuple per token (positions (1, P, N) of an N-D map)
+    rows = [list(p) if isinstance(p, (tuple, list, np.ndarray)) else p for p in positions]
+    return (torch.from_numpy(x).to(torch_dtype(dtype)), torch.tensor([rows], dtype=torch.int64))
 
 
 def probe_at(caller: Caller, dtype: str, head_dim: int, positions, extra=None) -> Probe:
@@ -52,8 +54,9 @@ def linearity_vectors(head_dim: int) -> np.ndarray:
     return np.stack([np.zeros(head_dim), v1, v2, v1 + v2])
 
 
-def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
-    """The first (dtype, head_dim) the target accepts, float64 first; UnusableTarget when
+def choose_probe(caller: Caller, target: Target, positions=(0, 1)) -> tuple[str, int]:
+    """The first (dtype, head_dim) the target accepts at ``positions`` (an N-D map: N-tuples),
+    float64 first, its declared head sizes first; UnusableTarget when
     it raises on all; NotRotary when it returns but always breaks the call contract, or as
     soon as a call ends the process (a crash is a finding; probing on would only repeat it,
     restarting the worker each time)."""
@@ -61,12 +64,14 @@ def choose_probe(caller: Caller, target: Target) -> tuple[str, int]:
     if target.rotary_dim:
         r = target.rotary_dim
         head_dims = (2 * r, r) + tuple(h for h in PROBE_HEAD_DIMS if h > r and h != 2 * r)
+    if target.head_dims:
+        head_dims = tuple(target.head_dims) + tuple(h for h in head_dims if h not in target.head_dims)
     raised: list[str] = []
     broken: list[str] = []
     for dtype in (d for d in PROBE_DTYPES if d in target.dtypes):
         for head_dim in head_dims:
             try:
-                probe_at(caller, dtype, head_dim, (0, 1))
+                probe_at(caller, dtype, head_dim, positions)
                 return dtype, head_dim
             except CallError as exc:
                 if exc.kind in ("crashed", "exited"):  # every further probe would restart the process

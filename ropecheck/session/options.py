@@ -134,9 +134,9 @@ OPTIONS: tuple[Option, ...] = (
         "builder (rope-tie-builder, rope-tv-builder, mrope-builder); xpos: xpos(q, k, positions) -> (q_out, k_out); "
         "table-builder: build(positions) -> (cos, sin); cache-builder: build(max_position) -> cos_sin_cache; "
         "rope: 1-D RoPE (the default). See docs/families.md.",
-        FAMILY, choices=tuple(FAMILIES)),
+        FAMILY, choices=tuple(FAMILIES), commands=("check", "identify")),
     Option("axes", "Number of position axes (--family axial, nd: default 2; rope-tv-builder: 2 or 3).", FAMILY,
-        at_least(1), families=("axial", "nd", *BUILDERS)),
+        at_least(1), families=("axial", "nd", *BUILDERS), commands=("check", "identify")),
     Option("sections", "Rotated pairs per axis, e.g. 16,24,24 (--family mrope).", FAMILY, integers, kind=LIST,
         joined=True, families=("mrope",)),
     Option("mrope_interleaved", "Sections interleaved over the pairs (Qwen3-VL), not in chunks (--family mrope).",
@@ -243,6 +243,9 @@ OPTIONS: tuple[Option, ...] = (
     # --- the other commands -----------------------------------------------------------------------
     Option("probe_max_position", "Largest position a probe may use.", TARGET, at_least(1), default=2**24,
         flag="max-position", commands=("identify",)),
+    Option("write_table",
+        "identify --family nd: write the probed pairs as a --pair-table JSON file (what --family pairs reads).",
+        OUTPUT, commands=("identify",), api=False, pytest=False, metavar="PATH"),
     Option("out", "Folder for report.md, report.json and the plots.", OUTPUT, default="docs/report",
         commands=("report",), api=False, pytest=False),
     Option("report_targets", "Only these targets (repeatable).", TARGET, kind=LIST, convert=list, flag="target",
