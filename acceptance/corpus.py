@@ -367,3 +367,10 @@ for name in ["hf-rotary", "hf-rotary-linear", "hf-rotary-dynamic", "hf-rotary-ya
 # `ropecheck identify` verdicts: the flags it prints
 IDENTIFY = ["rotate-half", "llama-complex", "hf-llama-llama3", "hf-llama-yarn", "hf-gpt-neox",
             "tests/mutants.py:sign_flipped", "tests/mutants.py:additive_sinusoid", "tests/mutants.py:norm_growing"]
+# N-D (`identify --family nd --axes N`): an entry is the target and its identify flags, in one string
+ND_ID = "acceptance/kernels/nd.py"
+IDENTIFY += [f"{ND_ID}:{kernel} --family nd --axes {axes}" for kernel, axes in [
+    ("axial_interleaved", 2), ("mrope_toy", 3), ("qwen2vl_mrope", 3), ("qwen3vl_mrope", 3),
+    ("mrope_toy_axes_swapped", 3),  # a rotation no family declares: a pair table
+    ("axial_summed_positions", 2),  # the seed's R_{x+y}: pairs turn with both axes, refused
+]]

@@ -12,7 +12,7 @@ derandomized profile) in a process of its own, two at a time. What is recorded p
 the exit status, the verdict, each property x dtype x mode cell's status, and the dtypes
 the target does not support; for ``identify`` entries the exit status and the flags.
 Messages and error sizes are not compared (a refactor may reword a message).
-Outside CI's time budget: the 264 entries took 71 minutes on a 2-core machine (2026-11-28, beside other work); the 18 coordinate entries added after them 78 s, the 11 real-bug entries after those 137 s.
+Outside CI's time budget: the 264 entries took 71 minutes on a 2-core machine (2026-11-28, beside other work); the 18 coordinate entries added after them 78 s, the 11 real-bug entries after those 137 s, the 6 N-D identify entries (`identify ... --family nd`) 14 s.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -73,9 +74,10 @@ def check_entry(name: str, args: list) -> dict:
 
 
 def identify_entry(name: str) -> dict:
+    """``name``: the target, and for an N-D one its identify flags after it (split as a shell would)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.json")
-        code, seconds, tail = _run(["identify", name], path)
+        code, seconds, tail = _run(["identify", *shlex.split(name)], path)
         record = {"exit": code, "seconds": round(seconds, 1)}
         try:
             data = json.loads(Path(path).read_text())
