@@ -214,19 +214,37 @@ check.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def identify(
-    target, *, timeout: float = table.BY_NAME["timeout"].default, max_position: int = 2**24, in_process: bool = False
+    target,
+    *,
+    timeout: float = table.BY_NAME["timeout"].default,
+    max_position: int = 2**24,
+    in_process: bool = False,
+    family: str = "rope",
+    axes: Optional[int] = None,
 ):
     """Infer ``target``'s convention by probing it, as ``ropecheck identify`` does; returns an
     ``Identification``: ``.rotary`` (a rotary embedding at all), ``.options`` (its
     convention as ``check`` keywords), ``.flags`` (as ``ropecheck check`` flags),
     ``.layout``, ``.base``, ``.rotary_dim``, ``.to_json()``. A name runs in a worker
-    process, a Python object here (as ``check``).
+    process, a Python object here (as ``check``). ``family="nd"`` (or axial, mrope, pairs)
+    with ``axes``: an N-D rotation, an ``NDIdentification`` (``.flags``, ``.family``,
+    ``.pairs``, ``.table``: its ``--pair-table`` form).
     Raises ``UnusableTarget`` when the target cannot be loaded or called."""
     from ropecheck.identification.engine import UnusableTarget as Unusable
     from ropecheck.identification.engine import identify_spec
+    from ropecheck.identification.nd import identify_nd_spec
+    from ropecheck.properties.nd.families import ND_FAMILY_NAMES
     from ropecheck.session.loading import is_named
 
+    if family not in ("rope", *ND_FAMILY_NAMES):
+        names = ", ".join(ND_FAMILY_NAMES)
+        raise ValueError(f"identify takes family rope or an N-D rotation ({names}), got {family!r}")
+    here = in_process or not is_named(target)
     try:
-        return identify_spec(target, timeout, max_position, in_process or not is_named(target))
+        if family != "rope":
+            return identify_nd_spec(target, axes, timeout, max_position, here)
+        if axes is not None:
+            raise ValueError("axes applies to an N-D family (family='nd')")
+        return identify_spec(target, timeout, max_position, here)
     except Unusable as exc:
         raise UnusableTarget(f"cannot identify target: {exc}") from None

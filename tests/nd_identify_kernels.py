@@ -32,3 +32,14 @@ def clockwise(x, positions):
     """axial_two_bases turned the other way (each pair by -theta x): no family's
     orientation, a pair table's (its pairs listed second feature first)."""
     return axial_two_bases(x, -positions)
+
+
+def interpolated(x, positions):
+    """An axial interleaved 2-D RoPE on positions interpolated to a grid 2 / 3 as fine (EVA-02's
+    t = arange(ft) / ft * pt), from a crop at rows and columns 3: angles theta (2 (x + 3) / 3)."""
+    d = x.shape[-1] // 2
+    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.cat([((positions[..., k].double() + 3) * 2 / 3)[..., None] * inv for k in range(2)], -1)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    rot = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)[:, :, None, :]
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)

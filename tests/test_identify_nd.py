@@ -63,10 +63,33 @@ def test_offset_grid_is_named_with_its_offset():
     spec = f"{COORD}:offset_grid"
     ident = _identify(spec, 2)
     assert any(note.startswith("offset: 32 pairs turn at x = 0") for note in ident.notes), ident.notes
-    flags = "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-offset 8,8"
+    flags = "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-offset 8"
     assert ident.flags == flags
     result = _check(spec, flags)
     assert result.exit_code == 0 and "PASSED" in result.output, result.output
+
+
+def test_interpolated_grid_is_named_with_its_scale_and_offset():
+    """Angles theta (2 (x + 3) / 3): a coordinate scale and an offset, both per axis."""
+    spec = f"{OWN}:interpolated"
+    ident = _identify(spec, 2)
+    flags = (
+        "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-scale 0.6666667 "
+        "--coord-offset 2"
+    )
+    assert ident.flags == flags
+    result = _check(spec, flags)
+    assert result.exit_code == 0 and "PASSED" in result.output, result.output
+
+
+def test_api_identifies_nd_objects():
+    import ropecheck
+    from tests.nd_coordinate_kernels import wan
+
+    found = ropecheck.identify(wan, family="nd", axes=3)
+    assert found.flags.startswith("--family axial --axes 3 --layout interleaved --split 24,20,20"), found.flags
+    with pytest.raises(ValueError, match="axes applies to an N-D family"):
+        ropecheck.identify(wan, axes=3)
 
 
 def test_clockwise_is_a_pair_table(tmp_path):

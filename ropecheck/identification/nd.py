@@ -338,22 +338,48 @@ def in_order(conv: ndref.PairRotation, probed: dict):
     return np.array(out)
 
 
-def fitted_base(theta, error, width: int) -> Optional[float]:
-    """The base of frequencies theta_k = base^(-2k/width) (None: one pair, any base; nan:
-    not geometric from theta_0 = 1)."""
+SCALES = ("none", "simplest", "tight")  # coordinate scales tried in turn: 1 only, the simplest number, 8 digits
+
+
+def fitted_base(theta, error, width: int, scales: str = "none") -> tuple:
+    """(base, S) of frequencies theta_k = S base^(-2k/width): S the coordinate scale, 1 unless
+    pinned away from it and ``scales`` allows it (``simplest``: the fewest digits its bound
+    allows; ``tight``: 8 digits, for a scale such as 2/3); base None: one pair, any base;
+    nan: not geometric, or scaled where ``scales`` is none."""
     if len(theta) == 1:
-        return None if abs(theta[0] - 1.0) <= error[0] + FIT_SLACK else math.nan
+        scale = round_within(theta[0], (error[0] + FIT_SLACK * theta[0]) / theta[0])
+        return (None, scale) if scales != "none" or scale == 1.0 else (math.nan, 1.0)
     ln_s, d_ln_s, ln_b, d_ln_b, ratio, _ = fit_base(theta, error, width)
-    if ratio > 1.0 or abs(ln_s) > d_ln_s or ln_b <= 0 or d_ln_b > PINNED:
-        return math.nan
-    return round_within(math.exp(ln_b), d_ln_b)
+    if ratio > 1.0 or ln_b <= 0 or d_ln_b > PINNED or d_ln_s > PINNED:
+        return math.nan, 1.0
+    if abs(ln_s) > d_ln_s and scales == "none":
+        return math.nan, 1.0
+    scale = round_within(math.exp(-ln_s), FIT_SLACK / 4 if scales == "tight" else d_ln_s) if abs(ln_s) > d_ln_s else 1.0
+    return round_within(math.exp(ln_b), d_ln_b), scale
 
 
 def verify(conv: ndref.PairRotation, measured) -> float:
-    """The largest |theta_probed - theta_declared| over its bound."""
-    theta = np.asarray(conv.theta)
+    """The largest |theta_probed - theta_declared| over its bound (theta_declared: per unit
+    of position, its coordinate scale included)."""
+    theta = np.asarray(conv.theta) * (np.asarray(conv.scale)[conv.arrays[2]] if conv.scale else 1.0)
     allowed = measured[:, 1] + FIT_SLACK * theta
     return float((np.abs(measured[:, 0] - theta) / allowed).max())
+
+
+def coordinate_words(shift: list, scales: list) -> list:
+    """--coord-scale S and --coord-offset O of theta (S x + O), given phases theta S O_x
+    (``shift``: the offsets in units of x) and the scales S."""
+
+    def joined(values) -> str:  # one value for all axes when they agree
+        return number(values[0]) if len(set(values)) == 1 else ",".join(number(v) for v in values)
+
+    words = []
+    if any(t != 1.0 for t in scales):
+        words += ["--coord-scale", joined(scales)]
+    if any(shift):
+        offset = joined([round_within(o * t, FIT_SLACK) if o else 0.0 for o, t in zip(shift, scales)])
+        words += ["--coord-offset" + ("=" if offset.startswith("-") else ""), offset]
+    return words
 
 
 def limit_words(ident: NDIdentification) -> list:
@@ -381,6 +407,36 @@ def offsets(ident: NDIdentification) -> Optional[list]:
     return out
 
 
+def declared(ident: NDIdentification, cand: Candidate, shape, measured, shift: list, scales: str) -> bool:
+    """Whether ``cand``, its bases and coordinate scales fitted on the probed frequencies in
+    its own pair order, is the probed rotation; if so its flags become ``ident``'s."""
+    axis = shape.arrays[2]
+    groups = [axis == a for a in range(ident.n_axes)] if cand.per_axis else [np.ones(len(axis), bool)]
+    fits = [fitted_base(measured[g, 0], measured[g, 1], 2 * int(g.sum()), scales) for g in groups]
+    bases = [b for b, _ in fits]
+    factors = [t for _, t in fits] * (ident.n_axes if not cand.per_axis else 1)
+    known = [b for b in bases if b is not None]
+    if any(math.isnan(b) for b in known):
+        return False
+    common = known[0] if known and all(b == known[0] for b in known) else None
+    if common is not None or not known:  # one base (an axis of one pair turns at 1 whatever it is)
+        base: float | list = 10000.0 if common is None else common
+        shown = number(base)
+    else:
+        base = [b if b is not None else known[0] for b in bases]
+        shown = ",".join(number(b) for b in base)
+    conv = cand.build(base).with_coordinates(scale=factors)
+    ratio = verify(conv, measured)
+    if ratio > 1.0:
+        return False
+    ident.family = cand.family
+    ident.declared = cand.words + ["--base", shown] + coordinate_words(shift, factors) + limit_words(ident)
+    ident.evidence.append(
+        Evidence("declaration", ratio, f"{conv.description}: every pair, axis and frequency as probed")
+    )
+    return True
+
+
 def match(ident: NDIdentification) -> None:
     """The first candidate declaration whose pair table is the probed one; else the table."""
     probed = {frozenset(row[:2]): (row[0], row[2], row[3], e) for row, e in zip(ident.pairs, ident.theta_error)}
@@ -390,36 +446,12 @@ def match(ident: NDIdentification) -> None:
         ident.notes.append(f"axes: {idle} drive no pair (is --axes {ident.n_axes} more than the target takes?)")
     shift = offsets(ident) if any(row[4] for row in ident.pairs) else [0.0] * ident.n_axes
     if shift is not None:
-        moved = ["--coord-offset" + ("=" if shift[0] < 0 else ""), ",".join(number(o) for o in shift)]
-        moved = moved if any(shift) else []
-        for cand in candidates(ident.head_dim, ident.n_axes, counts):
-            shape = cand.build(10000.0)  # its pairs and axes (the bases come from the fit)
-            measured = in_order(shape, probed)
-            if measured is None:
-                continue
-            axis = shape.arrays[2]
-            groups = [axis == a for a in range(ident.n_axes)] if cand.per_axis else [np.ones(len(axis), bool)]
-            bases = [fitted_base(measured[g, 0], measured[g, 1], 2 * int(g.sum())) for g in groups]
-            known = [b for b in bases if b is not None]
-            if any(math.isnan(b) for b in known):
-                continue
-            common = known[0] if known and all(b == known[0] for b in known) else None
-            if common is not None or not known:  # one base (an axis of one pair turns at 1 whatever it is)
-                base: float | list = 10000.0 if common is None else common
-                shown = number(base)
-            else:
-                base = [b if b is not None else known[0] for b in bases]
-                shown = ",".join(number(b) for b in base)
-            conv = cand.build(base)
-            ratio = verify(conv, measured)
-            if ratio > 1.0:
-                continue
-            ident.family = cand.family
-            ident.declared = cand.words + ["--base", shown] + moved + limit_words(ident)
-            ident.evidence.append(
-                Evidence("declaration", ratio, f"{conv.description}: every pair, axis and frequency as probed")
-            )
-            return
+        shapes = [(cand, cand.build(10000.0)) for cand in candidates(ident.head_dim, ident.n_axes, counts)]
+        orders = [(cand, shape, in_order(shape, probed)) for cand, shape in shapes]  # the bases come from the fit
+        for scales in SCALES:  # a declaration without a coordinate scale first
+            for cand, shape, measured in orders:
+                if measured is not None and declared(ident, cand, shape, measured, shift, scales):
+                    return
     ident.family = "pairs"
     ident.declared = ["--family", "pairs"] + limit_words(ident)
     ident.notes.append(
