@@ -125,6 +125,7 @@ def test_cli_prints_flags_and_table(tmp_path):
     [
         (f"{OWN}:additive", 2, ["f(0, m) = p_m != 0", "additive"]),
         (f"{ACCEPT}:axial_summed_positions", 2, ["turn with axes [0, 1] together"]),
+        (f"{COORD}:ltx", 3, ["depends on the token's other heads", "out of identify's reach"]),  # pairs over heads
     ],
 )
 def test_cli_refuses_what_is_not_an_nd_rotation(spec, axes, words):

@@ -463,6 +463,26 @@ def match(ident: NDIdentification) -> None:
 # --- the engine -----------------------------------------------------------------------
 
 
+def heads_mix(caller, ident: NDIdentification, probe: Probe, ladder: np.ndarray) -> list:
+    """Why a refused map may still be a rotation: a head's output that changes with the
+    number of heads in the token (the probe's basis heads alone, and with the linearity
+    vectors after them) means a rotation across a token's heads, before the head split."""
+    rows = axis_positions(ident.n_axes, int(ladder[-1]))
+    try:
+        alone = probe_at(caller, ident.dtype, ident.head_dim, rows)
+    except CallError:
+        return []
+    bound = Bounds(ident.dtype, float(np.abs(probe.matrices).max())).entry
+    if np.abs(alone.matrices - probe.matrices).max() <= bound:
+        return []
+    return [
+        f"a head's output depends on the token's other heads ({ident.head_dim} heads and "
+        f"{ident.head_dim + len(linearity_vectors(ident.head_dim))} heads give head 0 different outputs): a rotation "
+        f"across a token's heads before the head split (LTX-Video's) is out of identify's reach; "
+        f'--family pairs with a table\'s "heads" declares one to ropecheck check'
+    ]
+
+
 def identify_nd(
     target: Target,
     n_axes: int,
@@ -481,7 +501,12 @@ def identify_nd(
     try:
         ident.dtype, ident.head_dim = choose_probe(caller, target, [(0,) * n_axes, (1,) * n_axes])
         probe, ladder = probe_axes(caller, ident, max(limit, 1))
-        read_pairs(ident, probe, ladder)
+        try:
+            read_pairs(ident, probe, ladder)
+        except NotRotary as exc:
+            ident.reasons.append(str(exc))
+            ident.reasons += heads_mix(caller, ident, probe, ladder)
+            return ident
     except NotRotary as exc:
         ident.reasons.append(str(exc))
         return ident
