@@ -303,8 +303,8 @@ def identify(options):
     if family not in ("rope", *ND_FAMILY_NAMES):
         raise click.UsageError(f"identify takes --family rope or an N-D rotation ({', '.join(ND_FAMILY_NAMES)})")
     nd = family != "rope"
-    if not nd and ("axes" in options.given or "write_table" in options.given):
-        raise click.UsageError("--axes and --write-table apply to identify --family nd (an N-D rotation)")
+    if not nd and {"axes", "write_table", "positions"} & options.given:
+        raise click.UsageError("--axes, --positions and --write-table apply to identify --family nd (an N-D rotation)")
     try:
         if nd:
             ident = identify_nd_spec(
@@ -314,6 +314,7 @@ def identify(options):
                 options.probe_max_position,
                 options.in_process,
                 options.write_table,
+                options.positions == "float",
             )
         else:
             ident = identify_spec(options.target, options.timeout, options.probe_max_position, options.in_process)

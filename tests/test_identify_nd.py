@@ -49,37 +49,39 @@ def _check(spec, flags):
     return CliRunner().invoke(main, args)
 
 
-@pytest.mark.parametrize("spec, axes, flags", NAMED, ids=[n[0].split(":")[1] for n in NAMED])
-def test_named_and_checked(spec, axes, flags):
-    ident = _identify(spec, axes)
+def _named_and_checked(spec, axes, flags, **kwargs):
+    """identify prints ``flags``, and ``ropecheck check`` with them passes the target."""
+    ident = _identify(spec, axes, **kwargs)
     assert ident.rotary and ident.confidence == "high", (ident.reasons, ident.notes)
     assert ident.flags == flags
     result = _check(spec, flags)
     assert result.exit_code == 0 and "PASSED" in result.output, result.output
+    return ident
+
+
+@pytest.mark.parametrize("spec, axes, flags", NAMED, ids=[n[0].split(":")[1] for n in NAMED])
+def test_named_and_checked(spec, axes, flags):
+    _named_and_checked(spec, axes, flags)
 
 
 def test_offset_grid_is_named_with_its_offset():
     """Angles theta (x + 8): every pair turns at x = 0 by theta 8, an offset per axis."""
-    spec = f"{COORD}:offset_grid"
-    ident = _identify(spec, 2)
-    assert any(note.startswith("offset: 32 pairs turn at x = 0") for note in ident.notes), ident.notes
     flags = "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-offset 8"
-    assert ident.flags == flags
-    result = _check(spec, flags)
-    assert result.exit_code == 0 and "PASSED" in result.output, result.output
+    ident = _named_and_checked(f"{COORD}:offset_grid", 2, flags)
+    assert any(note.startswith("offset: 32 pairs turn at x = 0") for note in ident.notes), ident.notes
 
 
 def test_interpolated_grid_is_named_with_its_scale_and_offset():
     """Angles theta (2 (x + 3) / 3): a coordinate scale and an offset, both per axis."""
-    spec = f"{OWN}:interpolated"
-    ident = _identify(spec, 2)
-    flags = (
-        "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-scale 0.6666667 "
-        "--coord-offset 2"
-    )
-    assert ident.flags == flags
-    result = _check(spec, flags)
-    assert result.exit_code == 0 and "PASSED" in result.output, result.output
+    flags = "--family axial --axes 2 --layout interleaved --split 32,32 --base 10000 --coord-scale 0.6666667"
+    _named_and_checked(f"{OWN}:interpolated", 2, flags + " --coord-offset 2")
+
+
+def test_dinov3_coordinates_are_probed_as_floats():
+    """DINOv3: 2 pi x / period on float coordinates; theta_0 = 2 pi per unit, which integer
+    positions cannot tell from 0: --positions float probes fractions of a unit."""
+    flags = "--family axial --axes 2 --layout half --split 32,32 --pair-span head --base 100 --coord-scale 6.283185"
+    _named_and_checked(f"{COORD}:dinov3", 2, flags + " --positions float", float_positions=True)
 
 
 def test_api_identifies_nd_objects():
@@ -143,6 +145,8 @@ def test_cli_unusable_and_usage(tmp_path):
     result = CliRunner().invoke(main, ["identify", f"{path}:rope", "--family", "nd", "--in-process"])
     assert result.exit_code == 2 and "RuntimeError: no kernel for this input" in result.output, result.output
     result = CliRunner().invoke(main, ["identify", f"{path}:rope", "--axes", "3"])
-    assert result.exit_code == 2 and "--axes and --write-table apply to identify --family nd" in result.output
+    assert (
+        result.exit_code == 2 and "--axes, --positions and --write-table apply to identify --family nd" in result.output
+    )
     result = CliRunner().invoke(main, ["identify", f"{path}:rope", "--family", "xpos"])
     assert result.exit_code == 2 and "identify takes --family rope or an N-D rotation" in result.output

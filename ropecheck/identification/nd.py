@@ -58,6 +58,7 @@ from ropecheck.targets.target import Target
 # the probe's largest position per axis, tried in turn (capped at the limit): 2^20 pins the low
 # frequencies (as the 1-D engine's large call), the others are what tables of 1024 .. 17 rows take
 ND_TOPS = (2**20, 1024, 512, 128, 16)
+FLOAT_STEP = 2.0**-6  # --positions float: the ladder starts here (frequencies up to 64 pi per unit are read)
 FIT_SLACK = 2.0**-22  # relative: a candidate's float64 frequency from a rounded base, beyond the measured bound
 
 
@@ -71,6 +72,7 @@ class NDIdentification:
     head_dim: int = 0
     max_position: int = 0  # per axis
     phase_error: float = 0.0  # bound on a phase read at position 0
+    step: float = 1  # the probe's smallest position step: 1 (int64 positions) or FLOAT_STEP (float32 coordinates)
     refused_above: Optional[int] = None  # the largest position the target takes, when it refuses larger ones
     evidence: list = field(default_factory=list)
     notes: list = field(default_factory=list)
@@ -114,15 +116,15 @@ class NDIdentification:
 # --- the probe ------------------------------------------------------------------------
 
 
-def ladder_to(top: int) -> list:
-    """1, 2, 3, 4, 8, .. up to top."""
-    return [m for m in (1, 2, 3) + tuple(2**k for k in range(2, 21)) if m <= top]
+def ladder_to(top: int, step: float = 1) -> list:
+    """step times 1, 2, 3, 4, 8, .. up to top."""
+    return [step * m for m in (1, 2, 3) + tuple(2**k for k in range(2, 27)) if step * m <= top]
 
 
-def axis_positions(n_axes: int, top: int) -> list:
-    """The zero vector, then m e_a for every axis a and m in 1, 2, 3, 4, 8, .. top."""
-    ladder = ladder_to(top)
-    rows = [(0,) * n_axes]
+def axis_positions(n_axes: int, top: int, step: float = 1) -> list:
+    """The zero vector, then m e_a for every axis a and m in step (1, 2, 3, 4, 8, ..) up to top."""
+    ladder = ladder_to(top, step)
+    rows = [(0 * step,) * n_axes]
     for a in range(n_axes):
         rows += [tuple(m if k == a else 0 for k in range(n_axes)) for m in ladder]
     return rows
@@ -135,7 +137,7 @@ def probe_axes(caller, ident: NDIdentification, limit: int) -> tuple[Probe, np.n
     failed: list = []
     prev = limit
     for top in tops:
-        rows = axis_positions(ident.n_axes, top)
+        rows = axis_positions(ident.n_axes, top, ident.step)
         try:
             probe = probe_at(caller, ident.dtype, ident.head_dim, rows, linearity_vectors(ident.head_dim))
         except CallError as exc:
@@ -149,7 +151,7 @@ def probe_axes(caller, ident: NDIdentification, limit: int) -> tuple[Probe, np.n
                 f"positions: the target refuses positions above {ident.refused_above} ({failed[-1]}): "
                 f"--max-position {ident.refused_above} declares that to ropecheck check"
             )
-        return probe, np.array([0] + ladder_to(top))
+        return probe, np.array([0 * ident.step] + ladder_to(top, ident.step))
     raise NotRotary(f"the call contract is broken at every probe range ({'; '.join(failed)})")
 
 
@@ -159,7 +161,9 @@ def largest_taken(caller, ident: NDIdentification, low: int, high: int) -> int:
     while high - low > 1:
         middle = (low + high) // 2
         try:
-            probe_at(caller, ident.dtype, ident.head_dim, [(middle,) * ident.n_axes])
+            probe_at(
+                caller, ident.dtype, ident.head_dim, [(float(middle) if ident.step != 1 else middle,) * ident.n_axes]
+            )
             low = middle
         except CallError:
             high = middle
@@ -221,7 +225,9 @@ def read_pairs(ident: NDIdentification, probe: Probe, ladder: np.ndarray):
     for a in range(ident.n_axes):
         rows = np.r_[0, 1 + a * n + np.arange(n)]
         with np.errstate(divide="ignore", invalid="ignore"):  # theta 0: the pairs this axis does not drive
-            theta, error, ratios, _, _ = unwrap(ladder, relative.real[rows], relative.imag[rows], bounds)
+            # in units of the ladder's step (unwrap starts at 1): per step, then per unit of position
+            theta, error, ratios, _, _ = unwrap(ladder / ident.step, relative.real[rows], relative.imag[rows], bounds)
+            theta, error = theta / ident.step, error / ident.step
         p, q = np.unravel_index(ratios.argmax(), ratios.shape)
         record(
             ident,
@@ -383,7 +389,9 @@ def coordinate_words(shift: list, scales: list) -> list:
 
 
 def limit_words(ident: NDIdentification) -> list:
-    return [] if ident.refused_above is None else ["--max-position", str(ident.refused_above)]
+    """--positions float and --max-position N, when the probe needed them."""
+    words = ["--positions", "float"] if ident.step != 1 else []
+    return words + ([] if ident.refused_above is None else ["--max-position", str(ident.refused_above)])
 
 
 def offsets(ident: NDIdentification) -> Optional[list]:
@@ -467,7 +475,7 @@ def heads_mix(caller, ident: NDIdentification, probe: Probe, ladder: np.ndarray)
     """Why a refused map may still be a rotation: a head's output that changes with the
     number of heads in the token (the probe's basis heads alone, and with the linearity
     vectors after them) means a rotation across a token's heads, before the head split."""
-    rows = axis_positions(ident.n_axes, int(ladder[-1]))
+    rows = axis_positions(ident.n_axes, int(ladder[-1]), ident.step)
     try:
         alone = probe_at(caller, ident.dtype, ident.head_dim, rows)
     except CallError:
@@ -489,17 +497,20 @@ def identify_nd(
     timeout: Optional[float] = DEFAULT_TIMEOUT,
     max_position: int = DEFAULT_MAX_POSITION,
     table_path: Optional[str] = None,
+    float_positions: bool = False,
 ) -> NDIdentification:
     """Probe the N-D ``target`` and name its convention (``rotary`` False with reasons when
     it is not an N-D rotation ropecheck can name). Writes the probed pair table to
-    ``table_path`` when given. Raises UnusableTarget when it cannot be called."""
+    ``table_path`` when given. ``float_positions``: the target takes float32 coordinates,
+    probed from FLOAT_STEP on. Raises UnusableTarget when it cannot be called."""
     if n_axes < 1:
         raise ValueError(f"n_axes must be >= 1, got {n_axes}")
     limit = min(max_position, target.max_position) if target.max_position is not None else max_position
-    ident = NDIdentification(target=target.name, n_axes=n_axes)
+    ident = NDIdentification(target=target.name, n_axes=n_axes, step=FLOAT_STEP if float_positions else 1)
     caller = target.caller(timeout)
     try:
-        ident.dtype, ident.head_dim = choose_probe(caller, target, [(0,) * n_axes, (1,) * n_axes])
+        start = [(0 * ident.step,) * n_axes, (1 * ident.step,) * n_axes]
+        ident.dtype, ident.head_dim = choose_probe(caller, target, start)
         probe, ladder = probe_axes(caller, ident, max(limit, 1))
         try:
             read_pairs(ident, probe, ladder)
@@ -529,6 +540,7 @@ def identify_nd_spec(
     max_position: int = DEFAULT_MAX_POSITION,
     in_process: bool = False,
     table_path: Optional[str] = None,
+    float_positions: bool = False,
 ) -> NDIdentification:
     """Load ``spec`` as an N-D target and identify it; ``n_axes`` None: what the target
     declares, else 2."""
@@ -538,6 +550,6 @@ def identify_nd_spec(
         raise UnusableTarget(str(exc)) from None
     try:
         axes = n_axes or (target.n_axes if target.n_axes > 1 else 2)
-        return identify_nd(target, axes, timeout, max_position, table_path)
+        return identify_nd(target, axes, timeout, max_position, table_path, float_positions)
     finally:
         target.close()

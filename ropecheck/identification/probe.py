@@ -35,7 +35,8 @@ def basis_input(positions, head_dim: int, extra: np.ndarray, dtype: str):
     x = np.broadcast_to(heads, (1, len(positions)) + heads.shape).copy()
     # positions: one per token (1-D), or one N-tuple per token (positions (1, P, N) of an N-D map)
     rows = [list(p) if isinstance(p, (tuple, list, np.ndarray)) else p for p in positions]
-    return (torch.from_numpy(x).to(torch_dtype(dtype)), torch.tensor([rows], dtype=torch.int64))
+    kind = torch.float32 if np.asarray(rows).dtype.kind == "f" else torch.int64  # coordinates, or token indices
+    return (torch.from_numpy(x).to(torch_dtype(dtype)), torch.tensor([rows], dtype=kind))
 
 
 def probe_at(caller: Caller, dtype: str, head_dim: int, positions, extra=None) -> Probe:

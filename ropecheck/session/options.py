@@ -160,7 +160,7 @@ OPTIONS: tuple[Option, ...] = (
         "What the target's positions are (--family axial, mrope, nd, pairs): int (default; int64 token indices from 0, "
         "or integers in --coord-range) or float (float32 coordinates of image and video models, default range "
         f"{FLOAT_RANGE[0]:g}:{FLOAT_RANGE[1]:g}). See docs/families.md.",
-        FAMILY, choices=KINDS, families=ROTATION_FAMILIES),
+        FAMILY, choices=KINDS, families=ROTATION_FAMILIES, commands=("check", "identify")),
     Option("coord_range",
         "The positions drawn, LO:HI per axis or one for all, negative allowed, e.g. --coord-range=-32:32 "
         "(written with '=' when it starts with '-'; --family axial, mrope, nd, pairs).",
