@@ -94,6 +94,17 @@ def test_api_identifies_nd_objects():
         ropecheck.identify(wan, axes=3)
 
 
+def test_axes_default_to_what_the_target_implies():
+    """An adapter's implied --sections (or --axes) give the axes when --axes is left out."""
+    from acceptance.kernels.nd import mrope_toy
+    from ropecheck.identification.nd import identify_nd_spec
+    from ropecheck.targets.target import Target
+
+    target = Target("toy", mrope_toy, family="mrope", implies={"sections": [2, 3, 3], "layout": "half"})
+    found = identify_nd_spec(target, in_process=True)
+    assert found.n_axes == 3 and found.flags == "--family mrope --sections 2,3,3 --layout half --base 10000"
+
+
 def test_clockwise_is_a_pair_table(tmp_path):
     """Turned the other way: no family's orientation; the table written and checked."""
     spec, table = f"{OWN}:clockwise", tmp_path / "pairs.json"

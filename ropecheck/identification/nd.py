@@ -533,6 +533,17 @@ def identify_nd(
     return ident
 
 
+def declared_axes(target: Target) -> int:
+    """The axes a target declares: its own, or those its implied flags give (an adapter's
+    --axes or --sections); else 2, as ropecheck check's default."""
+    if target.n_axes > 1:
+        return target.n_axes
+    implied = target.implies or {}
+    if implied.get("axes"):
+        return int(implied["axes"])
+    return len(implied["sections"]) if implied.get("sections") else 2
+
+
 def identify_nd_spec(
     spec,
     n_axes: Optional[int] = None,
@@ -543,13 +554,13 @@ def identify_nd_spec(
     float_positions: bool = False,
 ) -> NDIdentification:
     """Load ``spec`` as an N-D target and identify it; ``n_axes`` None: what the target
-    declares, else 2."""
+    declares (``declared_axes``)."""
     try:
         target = load(spec, worker=not in_process, family="nd")
     except TargetLoadError as exc:
         raise UnusableTarget(str(exc)) from None
     try:
-        axes = n_axes or (target.n_axes if target.n_axes > 1 else 2)
+        axes = n_axes or declared_axes(target)
         return identify_nd(target, axes, timeout, max_position, table_path, float_positions)
     finally:
         target.close()
