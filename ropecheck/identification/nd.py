@@ -2,21 +2,25 @@
 
 The target, rope(x, positions (batch, seq, N)), is called once on the standard basis (head
 j holds e_j, as the 1-D probes do) at positions moved along one axis at a time: the zero
-vector and m e_a for m = 1, 2, 3, 4, 8, .. 2^10 (fewer when the target refuses them, e.g.
-a table of 1024 rows), for every axis a. Each axis' matrices are read as the 1-D engine
-reads its probe (``inference``: linear, norms and orthogonality, the coupled features, the
-2x2 blocks a R(phi)); then, per pair, the angle relative to position 0 is unwrapped along
-each axis (``inference.unwrap``): a pair must turn with exactly one axis, and its angle
-per unit of that axis is its frequency theta; an angle at position 0 is its phase.
+vector and m e_a for m = 1, 2, 3, 4, 8, .. 2^20, for every axis a (``--positions float``:
+float32 coordinates m FLOAT_STEP). When the target refuses that call, the top comes down
+(1024, 512, 128, 16: a table of so many rows) and the largest position it takes is found
+by bisection (``--max-position``). Each axis' matrices are read as the 1-D engine reads
+its probe (``inference``: linear, norms and orthogonality, the coupled features, the 2x2
+blocks a R(phi)); then, per pair, the angle relative to position 0 is unwrapped along each
+axis (``inference.unwrap``): a pair must turn with exactly one axis, and its angle per
+unit of that axis is its frequency theta; an angle at position 0 is its phase.
 
 The probed pairs (first, second, axis, theta, phase) are a ``reference.nd.PairRotation``.
 One matching step names it: every candidate declaration (``--family axial`` in each layout
 and pair span, ``--family mrope`` in each layout, chunked or interleaved) is built by
 ``reference.nd`` with the split or sections the pair counts per axis give, its bases
-fitted on the probed frequencies in the candidate's own pair order
-(``inference.fit_base``); the first whose pair table equals the probed one (same pairs,
-same orientation, same axes, frequencies within their error bounds) gives the flags.
-Otherwise the pair table itself (``--family pairs --pair-table FILE.json``) expresses it.
+(and coordinate scales, only when no declaration without one matches) fitted on the
+probed frequencies in the candidate's own pair order (``inference.fit_base``), phases that
+are theta O_a an offset per axis; the first whose pair table equals the probed one (same
+pairs, same orientation, same axes, frequencies within their error bounds) gives the
+flags. Otherwise the pair table itself (``--family pairs --pair-table FILE.json``)
+expresses it.
 """
 
 from __future__ import annotations
