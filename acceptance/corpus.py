@@ -57,6 +57,8 @@ LTX_PAIRS = ["--family", "pairs", "--pair-table", "acceptance/kernels/ltx_pairs.
 # table: 3 x 20 of 64 features), FLUX.2's theta 2000, DINOv3 ViT-B in timm, Ideogram 4 under autocast
 WAN = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "24,20,20", "--max-position", "1023"]
 VJEPA2_PAIRS = ["--family", "pairs", "--pair-table", "acceptance/kernels/vjepa2_pairs.json", "--coord-range", "0:63"]
+VJEPA2_AXIAL = ["--family", "axial", "--axes", "3", "--split", "20,20,20", "--head-dim", "64", "--layout",
+                "interleaved", "--coord-range", "0:63"]  # the last 4 of 64 features passed through
 FLUX2 = ["--family", "axial", "--axes", "4", "--layout", "interleaved", "--split", "32,32,32,32", "--base", "2000",
          "--coord-range", "0:512"]
 IDEOGRAM4 = ["--family", "mrope", "--sections", "88,20,20", "--mrope-interleaved", "--layout", "half", "--base",
@@ -162,6 +164,8 @@ CHECKS.update({
         ("wan-split-mismatch", "wan_split_mismatch", WAN),  # diffusers #12538
         ("vjepa2", "vjepa2", VJEPA2_PAIRS),
         ("vjepa2-repeat", "vjepa2_repeat", VJEPA2_PAIRS),  # vjepa2 PR #15
+        ("vjepa2-axial", "vjepa2", VJEPA2_AXIAL),
+        ("vjepa2-axial-repeat", "vjepa2_repeat", VJEPA2_AXIAL),
         ("flux2", "flux2", FLUX2),
         ("flux2-theta-dropped", "flux2_theta_dropped", FLUX2),  # diffusers #10111
         ("timm-dinov3", "timm_dinov3", [*DINOV3, "--split", "32,32"]),

@@ -289,7 +289,7 @@ def test_axes_drawn_far_apart_show_a_mixed_up_slow_pair_in_bfloat16():
 @pytest.mark.parametrize("kernel, code", [("vjepa2", 0), ("vjepa2_repeat", 1)])  # vjepa2 PR #15
 def test_vjepa2_blocks_with_a_passed_through_tail(tmp_path, kernel, code):
     """V-JEPA 2 ViT-L: three blocks of 20 features in a head of 64, the last 4 passed
-    through, which --split cannot say (its sum is the head): a pair table."""
+    through: as a pair table, and as axial blocks with --head-dim 64."""
     import json
 
     from tests.nd_coordinate_kernels import vjepa2_table
@@ -299,6 +299,15 @@ def test_vjepa2_blocks_with_a_passed_through_tail(tmp_path, kernel, code):
     assert json.loads(path.read_text()) == json.load(open("acceptance/kernels/vjepa2_pairs.json"))
     r = _check(kernel, "--family", "pairs", "--pair-table", str(path), "--coord-range", "0:63", *_expect(code))
     assert r.exit_code == code, r.output
+    r = _check(kernel, "--family", "axial", "--axes", "3", "--split", "20,20,20", "--head-dim", "64", "--layout",
+               "interleaved", "--coord-range", "0:63", *_expect(code))
+    assert r.exit_code == code, r.output
+
+
+def test_a_head_dim_below_the_split_is_a_usage_error():
+    r = _check("vjepa2", "--family", "axial", "--axes", "3", "--split", "20,20,20", "--head-dim", "48", "--layout",
+               "interleaved")
+    assert r.exit_code == 2 and "more than --head-dim 48" in r.output and "Traceback" not in r.output, r.output
 
 
 # --- table builders of N-D rotations: --call builder, --family table-builder with N-D options --

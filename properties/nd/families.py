@@ -36,8 +36,15 @@ def _axes(parameters: dict) -> int:
 
 
 def _head_dims(parameters: dict, n_axes: int) -> tuple:
-    """The head sizes drawn: the split's sum, else 4 and 32 features per axis."""
-    split = parameters.get("split")
+    """The head sizes drawn: the declared one (--head-dim, the features past the split's
+    blocks passed through), else the split's sum, else 4 and 32 features per axis."""
+    split, head_dim = parameters.get("split"), parameters.get("head_dim")
+    if head_dim:
+        if split and sum(split) > head_dim:
+            raise FamilyError(
+                f"--split {','.join(map(str, split))} has {sum(split)} features, more than --head-dim {head_dim}"
+            )
+        return (head_dim,)
     return (sum(split),) if split else (4 * n_axes, 32 * n_axes)
 
 

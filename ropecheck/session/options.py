@@ -145,6 +145,10 @@ OPTIONS: tuple[Option, ...] = (
         joined=True, families=("axial", "nd")),
     Option("nd_base", "One frequency base per axis, e.g. 10000,100 (--family axial).", FAMILY, numbers, kind=LIST,
         joined=True, families=("axial",)),
+    Option("head_dim",
+        "Features per head when the head has more than --split's blocks, the rest passed through (--family axial), "
+        "e.g. V-JEPA 2 ViT-L: --split 20,20,20 --head-dim 64. Default: the split's sum.",
+        FAMILY, at_least(2), families=("axial",)),
     Option("pair_span",
         "Where --layout half pairs lie (--family axial): axis (default: pairs inside each axis' block) or head "
         "(pair p is features (p, p + r/2) of the rotated head, dealt to the axes in consecutive blocks: "
@@ -259,6 +263,7 @@ FAMILY_PARAMETERS = (
     "axes",
     "sections",
     "split",
+    "head_dim",
     "layout",
     "base",
     "nd_base",
