@@ -118,6 +118,16 @@ def test_clockwise_is_a_pair_table(tmp_path):
     assert result.exit_code == 0 and "PASSED" in result.output, result.output
 
 
+def test_a_printed_pair_table_is_json_one_pair_per_line():
+    """Without --write-table the table is printed: the file's JSON, no line a screen of numbers."""
+    from ropecheck.identification.output import table_json
+
+    ident = _identify(f"{OWN}:clockwise", 2)
+    printed = table_json(ident.table)
+    assert json.loads(printed) == ident.table and len(ident.table["pairs"]) == 32
+    assert max(len(line) for line in printed.splitlines()) < 200, printed
+
+
 def test_cli_prints_flags_and_table(tmp_path):
     out = tmp_path / "id.json"
     result = CliRunner().invoke(

@@ -94,14 +94,19 @@ class NDIdentification:
 
     @property
     def table(self) -> dict:
-        """The probed rotation in ``--pair-table`` form."""
-        return {
-            "heads": None,
-            "head_dim": self.head_dim,
-            "n_axes": self.n_axes,
-            "description": f"identified by ropecheck identify from {self.target}",
-            "pairs": [[int(a), int(b), int(k), float(t), float(p)] for a, b, k, t, p in self.pairs],
-        }
+        """The probed rotation in ``--pair-table`` form (``reference.nd.to_table``)."""
+        first, second, axis, theta, phase = (tuple(column) for column in zip(*self.pairs)) if self.pairs else [()] * 5
+        conv = ndref.PairRotation(
+            self.head_dim,
+            self.n_axes,
+            first,
+            second,
+            axis,
+            theta,
+            description=f"identified by ropecheck identify from {self.target}",
+            phase=phase,
+        )
+        return ndref.to_table(conv)
 
     @property
     def flags(self) -> str:

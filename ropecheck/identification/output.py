@@ -182,4 +182,13 @@ def print_nd_identification(console: Console, ident) -> None:
         console.print(f"pair table written to {escape(ident.table_path)}", soft_wrap=True)
     elif ident.family == "pairs":
         console.print("pair table (save it as FILE.json, or rerun with --write-table FILE.json):")
-        print(json.dumps(ident.table, separators=(",", ":")))
+        print(table_json(ident.table))
+
+
+def table_json(table: dict) -> str:
+    """A pair table as JSON, one pair per line (on one line, a wide head's table ran to
+    hundreds of numbers)."""
+    compact = (",", ":")
+    head = json.dumps({k: v for k, v in table.items() if k != "pairs"}, separators=compact)
+    pairs = ",\n".join(json.dumps(pair, separators=compact) for pair in table["pairs"])
+    return f'{head[:-1]},"pairs":[\n{pairs}\n]}}'
