@@ -182,11 +182,8 @@ def builder_tables(out, seq: int, conv) -> tuple:
             raise ReturnedWrong(
                 "shape", f"the builder returned a complex {tuple(out.shape)}, expected ({seq}, {pairs})"
             )
-        table = out.detach().to(torch.complex128).cpu()
-        first, second, _, _ = conv.arrays
-        cos, sin = torch.ones(seq, d, dtype=torch.float64), torch.zeros(seq, d, dtype=torch.float64)
-        cos[:, first], cos[:, second] = table.real, table.real
-        sin[:, first], sin[:, second] = table.imag, table.imag
+        table = out.detach().to(torch.complex128).cpu().numpy()
+        cos, sin = (torch.from_numpy(t) for t in feature_tables(conv, table.real, table.imag))
     elif isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
         for name, t in zip(("cos", "sin"), out):
             if tuple(t.shape) != (seq, d) or not t.is_floating_point():
@@ -220,11 +217,19 @@ def applier_tables(conv, positions: np.ndarray, head_dim: int) -> tuple:
     """float32 cos and sin (S, head_dim) of a rotation at positions (S, n_axes): each pair's
     cos and sin at both its features, 1 and 0 at features in no pair (float64, rounded once)."""
     phi = conv.angles(positions)  # (S, pairs)
-    cos, sin = np.ones((len(positions), head_dim)), np.zeros((len(positions), head_dim))
-    i, j, _, _ = conv.arrays
-    cos[:, i] = cos[:, j] = np.cos(phi)
-    sin[:, i] = sin[:, j] = np.sin(phi)
+    cos, sin = feature_tables(conv, np.cos(phi), np.sin(phi), head_dim)
     return torch.from_numpy(cos).float(), torch.from_numpy(sin).float()
+
+
+def feature_tables(conv, cos_pairs: np.ndarray, sin_pairs: np.ndarray, head_dim: Optional[int] = None) -> tuple:
+    """float64 cos and sin (S, head_dim) from per-pair values (S, pairs) in the rotation's
+    pair order: each pair's at both its features, 1 and 0 at features in no pair."""
+    shape = (len(cos_pairs), head_dim or conv.head_dim)
+    cos, sin = np.ones(shape), np.zeros(shape)
+    i, j, _, _ = conv.arrays
+    cos[:, i] = cos[:, j] = cos_pairs
+    sin[:, i] = sin[:, j] = sin_pairs
+    return cos, sin
 
 
 def _own_storage(x: torch.Tensor) -> torch.Tensor:
