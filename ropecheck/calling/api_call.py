@@ -29,7 +29,17 @@ import torch
 from ropecheck.calling import quantized, roles, tables
 from ropecheck.calling.devices import Placement
 from ropecheck.calling.formats import tensor_format
-from ropecheck.calling.forms import ReturnedWrong, _both_differentiable, _fits, _kind, _own_storage, cu_seqlens
+from ropecheck.calling.forms import (
+    ReturnedWrong,
+    Stages,
+    TargetCall,
+    _both_differentiable,
+    _fits,
+    _kind,
+    _own_storage,
+    cu_seqlens,
+    drive,
+)
 from ropecheck.calling.kv_cache import KVCacheCall
 from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.core.contract import segment_lengths
@@ -239,11 +249,11 @@ class _Call:
         return args, kwargs
 
     # --- the call ------------------------------------------------------------------------
-    def run_seen(self, fn, seen: Optional[dict]):
-        """``run``, and into ``seen`` the classes of each factor of the interface's space
+    def stages_seen(self, seen: Optional[dict]) -> Stages:
+        """``stages``, and into ``seen`` the classes of each factor of the interface's space
         the call had (``interfaces.draws.observe``), whether it returned or not."""
         try:
-            return self.run(fn)
+            return (yield from self.stages())
         finally:
             if seen is not None:
                 seen.update(self.observed())
@@ -274,13 +284,16 @@ class _Call:
         }
         return observe(space, facts)
 
-    def run(self, fn):
+    def stages(self) -> Stages:
+        """The staged call (``forms.drive``): the arguments prepared, the call, then its
+        outputs brought back and checked."""
         if self.form.call == "qk":
-            return self._run_qk(fn)
+            return (yield from self._qk_stages())
         t = self.to_api(self.x)
+        assert t is not None  # x is a tensor
         args, kwargs = self.arguments({"x": t})
         given = t.detach().clone() if self.preset.writes_x(self.form.choices) else None
-        out = fn(*args, **kwargs)
+        out = yield TargetCall(args, kwargs)
         self._after()
         if not isinstance(out, torch.Tensor):
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor like its input")
@@ -295,10 +308,10 @@ class _Call:
             )
         return self.from_api(out, self.x), out
 
-    def _run_qk(self, fn):
+    def _qk_stages(self) -> Stages:
         hq, q, k = self._qk()
         if self.preset.returns == "quantized":
-            return quantized.run(self, fn, hq, q, k)
+            return (yield from quantized.stages(self, hq, q, k))
         q_api, k_api = self.to_api(q), self.to_api(k)
         tensors = {"query": q_api, "key": k_api}
         if self.preset.cache:
@@ -320,7 +333,7 @@ class _Call:
             )
             tensors = self.kv.arguments()
         args, kwargs = self.arguments(tensors)
-        out = fn(*args, **kwargs)
+        out = yield TargetCall(args, kwargs)
         self._after()
         whole = k is not None and hq < self.x.shape[2]  # k is the case's (not the smallest call's own)
         if self.preset.returns == "inplace":
@@ -328,6 +341,7 @@ class _Call:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected (q_out, k_out)")
         q_out, k_out = out
+        assert q_api is not None  # q is a tensor
         _fits("q_out", q_out, q_api)
         if k_api is not None:
             _fits("k_out", k_out, k_api)
@@ -359,7 +373,12 @@ def _same(value, default) -> bool:
     return bool(value == default)
 
 
+def stages(form, x: torch.Tensor, positions: torch.Tensor, seen: Optional[dict] = None) -> Stages:
+    """The staged call (``forms.drive``) through ``form.api``; ``seen`` gets the classes of
+    the interface's argument values the call had."""
+    return _Call(form, x, positions).stages_seen(seen)
+
+
 def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor, seen: Optional[dict] = None):
-    """(canonical y, what the target returned) for ``fn`` called through ``form.api``;
-    ``seen`` gets the classes of the interface's argument values the call had."""
-    return _Call(form, x, positions).run_seen(fn, seen)
+    """(canonical y, what the target returned) for ``fn`` called through ``form.api``."""
+    return drive(stages(form, x, positions, seen), fn)

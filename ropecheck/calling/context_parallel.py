@@ -34,7 +34,7 @@ import torch
 
 from ropecheck.calling import roles, tables
 from ropecheck.calling.api_call import _Call
-from ropecheck.calling.forms import ReturnedWrong, _fits, _kind, cu_seqlens
+from ropecheck.calling.forms import ReturnedWrong, Stages, TargetCall, _fits, _kind, cu_seqlens
 from ropecheck.properties.interfaces.context_parallel import Split
 
 
@@ -101,14 +101,17 @@ class _ContextParallelCall(_Call):
             by_offset.setdefault(int(offsets[i]), []).append(i)
         return [(members, offset) for offset, members in by_offset.items()]
 
-    def run(self, fn):
+    def stages(self) -> Stages:
+        """One staged call per rank (and per shared offset), then the ranks' outputs gathered."""
         seqs = _Sequences(self)
-        pieces, order, returned = [], [], []
+        pieces: list = []
+        order: list = []
+        returned: list = []
         for members, offset in self.groups(seqs):
             batch = _Padded(seqs, members, Split(self.cp, tuple(seqs.lengths[i] for i in members)))
             if batch.tokens.shape[0] == 0:
                 continue
-            pieces.append(self._call_ranks(fn, batch, offset, returned))
+            pieces.append((yield from self._rank_stages(batch, offset, returned)))
             order.append(batch.canonical[batch.canonical >= 0])
         self._after()
         if not pieces:
@@ -116,7 +119,7 @@ class _ContextParallelCall(_Call):
         back = torch.from_numpy(np.argsort(np.concatenate(order))).to(self.x.device)
         return torch.cat(pieces)[back].reshape(self.x.shape), tuple(returned)
 
-    def _call_ranks(self, fn, batch: "_Padded", offset: Optional[int], returned: list) -> torch.Tensor:
+    def _rank_stages(self, batch: "_Padded", offset: Optional[int], returned: list):
         """One call on every rank: the gathered output of ``batch``'s own tokens, in order
         (what each rank returned appended to ``returned``)."""
         split = batch.split
@@ -135,7 +138,7 @@ class _ContextParallelCall(_Call):
                 mine = angles[batch.index(local)].reshape(batch.rows, -1, angles.shape[-1])
                 tensors["freqs"] = self.made_for_this_call(mine.transpose(0, 1)[:, :, None, :])
             args, kwargs = self.arguments(tensors)
-            out = fn(*args, **kwargs)
+            out = yield TargetCall(args, kwargs)
             if not isinstance(out, torch.Tensor):
                 raise ReturnedWrong("type", f"rank {rank}: the target returned {_kind(out)}, expected a torch.Tensor")
             try:
@@ -191,7 +194,7 @@ def _order(split: Split) -> np.ndarray:
     return np.concatenate([split.local_tokens(r) for r in range(split.cp_size)])
 
 
-def invoke(form, fn, x: torch.Tensor, positions: torch.Tensor, seen=None):
-    """(canonical y, what the ranks returned) for ``fn`` called through ``form.api`` on
-    ``form.cp_size`` ranks; ``seen`` gets the classes of its argument values."""
-    return _ContextParallelCall(form, x, positions).run_seen(fn, seen)
+def stages(form, x: torch.Tensor, positions: torch.Tensor, seen=None) -> Stages:
+    """The staged calls (``forms.drive``) through ``form.api`` on ``form.cp_size`` ranks:
+    (canonical y, what the ranks returned); ``seen`` gets the classes of its argument values."""
+    return _ContextParallelCall(form, x, positions).stages_seen(seen)

@@ -32,7 +32,7 @@ from torch.overrides import has_torch_function
 
 from ropecheck.calling import api_call, context_parallel, launches, modes
 from ropecheck.calling.devices import Placement, to_host
-from ropecheck.calling.forms import Form, ReturnedWrong
+from ropecheck.calling.forms import Form, ReturnedWrong, Stages, drive
 
 # the engine call behind torch.autograd.grad (a torch without it: the front door, always)
 _engine_run_backward: Optional[Callable[..., tuple]] = getattr(torch.autograd.graph, "_engine_run_backward", None)
@@ -226,19 +226,19 @@ def _raised(exc: BaseException) -> tuple:
     return ("raised", f"the target raised {describe_exception(exc)}")
 
 
-def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form], seen: Optional[dict] = None):
-    """(canonical y, what the target returned): fn called on the canonical x (``args``:
-    (x,)) in its call form (``ropecheck.calling.forms``); through an interface, ``seen``
-    gets the classes of its argument values the call had."""
+def _stages(args: tuple, positions, form: Optional[Form], seen: Optional[dict] = None) -> Stages:
+    """The staged call (``forms.drive``) on the canonical x (``args``: (x,)) in the target's
+    call form (``ropecheck.calling.forms``): (canonical y, what the target returned);
+    through an interface, ``seen`` gets the classes of its argument values the call had."""
     (x,) = args
     if form is not None and form.api:
-        return (context_parallel if form.cp_size > 1 else api_call).invoke(form, fn, x, positions, seen)
-    if form is None or form.call == "x":
-        out = fn(x, positions)
-        if isinstance(out, torch.Tensor) and out.device != x.device:
-            raise ReturnedWrong("device", f"output on {out.device}, input on {x.device}")
-        return out, out
-    return form.invoke(fn, x, positions)
+        return (context_parallel if form.cp_size > 1 else api_call).stages(form, x, positions, seen)
+    return (form or Form()).stages(x, positions)
+
+
+def _invoke(fn: Callable, args: tuple, positions, form: Optional[Form], seen: Optional[dict] = None):
+    """(canonical y, what the target returned): fn called on the canonical x in its call form."""
+    return drive(_stages(args, positions, form, seen), fn)
 
 
 # fn -> {mode: fn run in it}: made once per process, so that every Execution of one target

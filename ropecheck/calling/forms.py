@@ -19,12 +19,19 @@ int64 (batch, seq), y like x. A target declares one of
 
 A :class:`Form` travels with each call to the process that runs the target
 (``ropecheck.calling.execution``); nothing here judges values.
+
+A call in a form is staged (:func:`drive`): a generator prepares the target's arguments
+and yields them as a :class:`TargetCall`, receives what the target returned, and finishes
+(the outputs brought back to the canonical y, the form's checks); a form that calls the
+target more than once (one call per context-parallel rank) yields once per call. ``check``
+drives the stages with the target; ``bench`` (``ropecheck.calling.timed``) records the calls
+once and times them again and again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, Optional
 
 import numpy as np
 import torch
@@ -43,6 +50,43 @@ class ReturnedWrong(Exception):
 
 def cu_seqlens(lengths) -> torch.Tensor:
     return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32, device="cpu")
+
+
+@dataclass(frozen=True)
+class TargetCall:
+    """One call of the target as a stage prepared it: ``fn(*args, **kwargs)``."""
+
+    args: tuple
+    kwargs: dict
+
+
+# a staged call: yields each TargetCall, is sent what the target returned, returns (y, returned)
+Stages = Generator[TargetCall, Any, tuple]
+
+
+def drive(stages: Stages, fn: Callable) -> tuple:
+    """Run a staged call with ``fn``: each call it prepares made, its output sent back;
+    what the stages return (canonical y, what the target returned). A call that raises
+    closes the stages (their ``finally`` blocks run) and propagates."""
+    try:
+        call = next(stages)
+        while True:
+            call = stages.send(fn(*call.args, **call.kwargs))
+    except StopIteration as done:
+        return done.value
+    finally:
+        stages.close()
+
+
+def record(stages: Stages, fn: Callable) -> tuple:
+    """``drive``, keeping each call it made: ((canonical y, returned), [TargetCall, ...])."""
+    made: list = []
+
+    def recording(*args, **kwargs):
+        made.append(TargetCall(args, kwargs))
+        return fn(*args, **kwargs)
+
+    return drive(stages, recording), made
 
 
 @dataclass(frozen=True)
@@ -71,15 +115,24 @@ class Form:
 
     def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
         """(canonical y, the tensors the target returned) for fn called on x in this form."""
+        return drive(self.stages(x, positions), fn)
+
+    def stages(self, x: torch.Tensor, positions: torch.Tensor) -> Stages:
+        """The staged call on x in this form (``drive``)."""
         if self.call == "qk":
-            return self._qk(fn, x, positions)
+            return self._qk(x, positions)
         if self.call == "packed":
-            return self._packed(fn, x, positions)
+            return self._packed(x, positions)
         if self.call == "diffusers":
-            return self._diffusers(fn, x, positions)
+            return self._diffusers(x, positions)
         if self.call == "builder":
-            return self._builder(fn, x, positions)
-        out = fn(x, positions)
+            return self._builder(x, positions)
+        return self._x(x, positions)
+
+    def _x(self, x, positions) -> Stages:
+        out = yield TargetCall((x, positions), {})
+        if isinstance(out, torch.Tensor) and out.device != x.device:
+            raise ReturnedWrong("device", f"output on {out.device}, input on {x.device}")
         return out, out
 
     # --- qk -----------------------------------------------------------------------------
@@ -89,7 +142,7 @@ class Form:
             return self.q_heads
         return max(heads - 1, 1)
 
-    def _qk(self, fn, x, positions):
+    def _qk(self, x, positions) -> Stages:
         heads = x.shape[2]
         hq = self.split(heads)
         if self.separate and not x.requires_grad:
@@ -100,7 +153,7 @@ class Form:
         k = k_store[:, :, hq:] if hq < heads else None
         if heads == 1 and self.q_heads is None and k is None:
             k = _own_storage(x)  # the smallest call: q and k one head each, same values
-        out = fn(q, k, positions)
+        out = yield TargetCall((q, k, positions), {})
         if self.separate and not x.requires_grad:  # what the target wrote into q, k
             with torch.no_grad():
                 x[:, :, :hq].copy_(q)
@@ -115,7 +168,7 @@ class Form:
         return torch.cat((q_out, k_out), dim=2), out
 
     # --- packed -------------------------------------------------------------------------
-    def _packed(self, fn, x, positions):
+    def _packed(self, x, positions) -> Stages:
         batch, seq, heads, head_dim = x.shape
         if batch == 1 and sum(self.lengths) == seq:
             lengths = self.lengths
@@ -126,7 +179,7 @@ class Form:
         tokens = x.reshape(batch * seq, heads, head_dim)  # a view for batch 1
         cu = cu_seqlens(lengths).to(x.device)
         flat = positions.reshape(batch * seq, *positions.shape[2:]).contiguous()
-        out = fn(tokens, cu, flat)
+        out = yield TargetCall((tokens, cu, flat), {})
         if not isinstance(out, torch.Tensor):
             raise ReturnedWrong(
                 "type", f"the target returned {_kind(out)}, expected a torch.Tensor (total, heads, head_dim)"
@@ -135,7 +188,7 @@ class Form:
         return out.reshape(x.shape), out
 
     # --- diffusers: apply_rotary_emb(x, (cos, sin), use_real=True, ...) ------------------
-    def _diffusers(self, fn, x, positions):
+    def _diffusers(self, x, positions) -> Stages:
         """diffusers' applier: cos and sin (S, D) float32, made from the declared rotation
         for the batch's one position row (pass-through features cos 1, sin 0), the pairs'
         layout as ``use_real_unbind_dim`` (-1 adjacent pairs, -2 pairs half a head apart)
@@ -146,21 +199,22 @@ class Form:
         sequence_dim = int(dict(self.choices).get("sequence_dim", "2"))
         given = x if sequence_dim == 1 else x.transpose(1, 2)
         tables = (cos.to(x.device), sin.to(x.device))
-        out = fn(given, tables, use_real=True, use_real_unbind_dim=unbind_dim(conv), sequence_dim=sequence_dim)
+        kwargs = dict(use_real=True, use_real_unbind_dim=unbind_dim(conv), sequence_dim=sequence_dim)
+        out = yield TargetCall((given, tables), kwargs)
         if not isinstance(out, torch.Tensor):
             raise ReturnedWrong("type", f"the target returned {_kind(out)}, expected a torch.Tensor like x")
         _fits("y", out, given)
         return (out if sequence_dim == 1 else out.transpose(1, 2)), out
 
     # --- builder: build(positions) -> (cos, sin), applied here ----------------------------
-    def _builder(self, fn, x, positions):
+    def _builder(self, x, positions) -> Stages:
         """An N-D rotation's table builder, called with the batch's one row of positions
         (S, n_axes): its tables (``builder_tables``) applied to x along the declared pairs
         in float64, x_i cos_i - x_j sin_i and x_j cos_j + x_i sin_j for pair (i, j), x_k cos_k
         for a feature in no pair, rounded once to x's dtype: what the checks see is the
         rotation the tables make, exactly but for that last rounding."""
         conv = self.convention[x.shape[-1]] if isinstance(self.convention, dict) else self.convention
-        out = fn(positions[0])
+        out = yield TargetCall((positions[0],), {})
         cos, sin = builder_tables(out, x.shape[1], conv)
         first, second, _, _ = conv.arrays
         x64 = x.to(torch.float64)

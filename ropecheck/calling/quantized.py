@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ropecheck.calling.forms import ReturnedWrong, _kind
+from ropecheck.calling.forms import ReturnedWrong, TargetCall, _kind
 from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF, dtype_name
 from ropecheck.properties.core.quantization import FORMATS, SATURATING, Fp8Format, quantized, scales
 
@@ -86,9 +86,10 @@ def _nope_promise(name: str, out: np.ndarray, given: torch.Tensor, scale: float,
         )
 
 
-def run(call, fn, hq: int, q: torch.Tensor, k: torch.Tensor):
-    """(canonical y, what the target returned) for ``fn`` called through ``call``'s
-    quantizing preset (``api_call._Call``) on q and k (canonical views of x)."""
+def stages(call, hq: int, q: torch.Tensor, k: torch.Tensor):
+    """The staged call (``forms.drive``) through ``call``'s quantizing preset
+    (``api_call._Call``) on q and k (canonical views of x): (canonical y, what the target
+    returned)."""
     r = call.rotary_dim
     q_api, k_api = call.to_api(q), call.to_api(k)
     fmt = FORMATS[call.preset.interface.output_format(call.form.choices)]
@@ -102,7 +103,7 @@ def run(call, fn, hq: int, q: torch.Tensor, k: torch.Tensor):
     }
     values = {"quantize_dtype": fmt.dtype, "quant_scale_q": scale_q, "quant_scale_kv": scale_kv}
     args, kwargs = call.arguments({**given, **values})
-    out = fn(*args, **kwargs)
+    out = yield TargetCall(args, kwargs)
     call._after()
     out = _outputs(out, given, fmt)
     host = {name: _host64(t) for name, t in zip(OUTPUTS, out)}
