@@ -6,6 +6,7 @@ simulated data, and the records against pytest-benchmark's own reader."""
 from __future__ import annotations
 
 import ast
+import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy import stats as sps
 
-from ropecheck.timing import timers
+from ropecheck.timing import stats, timers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,6 +318,137 @@ def test_copy_call_moves_the_bytes_asked():
 def test_gpu_clock_never_raises():
     got = timers.gpu_clock_mhz(0)
     assert got is None or got > 0
+
+
+# -- stats ----------------------------------------------------------------------------------
+
+
+def test_median_interval_is_known_order_statistics():
+    rng = np.random.default_rng(0)
+    assert stats.median_interval(rng.permutation(np.arange(1.0, 101))) == (40.0, 61.0)  # the textbook ranks
+    assert stats.median_interval(np.arange(1.0, 11)) == (2.0, 9.0)  # P(B <= 1) = 11/1024 <= 0.025 < P(B <= 2)
+    assert stats.median_interval(np.arange(1.0, 11), 0.99) == (1.0, 10.0)
+    assert stats.median_interval([5.0, 1, 3, 2, 4]) == (1.0, 5.0)  # too few for 95 %: the whole range
+    assert stats.median_interval([7.0]) == (7.0, 7.0)
+    with pytest.raises(ValueError):
+        stats.median_interval([])
+
+
+def test_median_interval_covers_the_median_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    data = rng.lognormal(0.0, 0.5, size=(2000, 25))  # skewed; the true median is 1
+    covered = np.mean([lo <= 1.0 <= hi for lo, hi in map(stats.median_interval, data)])
+    exact = 1 - 2 * sps.binom.cdf(7, 25, 0.5)  # the ranks 8 and 18 at n = 25: 95.7 %
+    assert 0.95 <= exact
+    assert abs(covered - exact) < 0.015
+
+
+def test_relative_width_and_block_medians():
+    assert stats.relative_width(np.arange(1.0, 11)) == pytest.approx((9 - 2) / 5.5)
+    assert list(stats.block_medians([1, 2, 3, 10, 20, 30, 7], 3)) == [2, 20]  # the partial block dropped
+
+
+def lognormal(rng, n, scale=1.0, sigma=0.05):
+    return scale * rng.lognormal(0.0, sigma, n)
+
+
+def test_shift_recovers_a_20_percent_slowdown():
+    rng = np.random.default_rng(2)
+    s = stats.shift(lognormal(rng, 30), lognormal(rng, 30, 1.2))
+    assert s.low < 0.2 < s.high and s.low <= s.estimate <= s.high
+    assert abs(s.estimate - 0.2) < 0.04
+    assert s.p_slower < 1e-6 and s.p_faster > 0.99 and (s.n_baseline, s.n_current) == (30, 30)
+    g = stats.gate(s, 0.05)
+    assert (g.verdict, g.failed) == ("slower", True)
+    assert g.message.startswith(f"{100 * s.estimate:.1f} % slower (95 % interval ")
+    assert "over the 5 % threshold" in g.message
+
+
+@pytest.mark.parametrize("sizes, method", [((5, 7), "exact"), ((12, 12), "asymptotic")])
+def test_the_shift_interval_is_the_inverted_rank_test(sizes, method):
+    """Shifting current by just inside the interval's ends keeps scipy's two-sided test at
+    5 % from rejecting; just outside, it rejects: by the exact null distribution for 5
+    against 7 (where the normal approximation puts the ends one rank further out), by the
+    normal approximation for 12 against 12."""
+    rng = np.random.default_rng(3)
+    b, c = np.log(lognormal(rng, sizes[0])), np.log(lognormal(rng, sizes[1], 1.1))
+    s = stats.shift(np.exp(b), np.exp(c))
+
+    def p(delta):
+        return sps.mannwhitneyu(c - delta, b, alternative="two-sided", method=method).pvalue
+
+    for end, inward in ((math.log1p(s.low), 1e-9), (math.log1p(s.high), -1e-9)):
+        assert p(end + inward) > 0.05 >= p(end - inward)
+
+
+def test_the_shift_interval_covers_the_true_shift_95_percent_of_the_time():
+    rng = np.random.default_rng(4)
+    hits = [
+        s.low <= 0.1 <= s.high for s in (stats.shift(lognormal(rng, 6), lognormal(rng, 6, 1.1)) for _ in range(1000))
+    ]
+    assert 0.945 < np.mean(hits) < 0.975  # exactly 1 - 2 * 19/924 = 95.9 % at 6 against 6
+
+
+def test_identical_distributions_are_unchanged():
+    rng = np.random.default_rng(5)
+    g = stats.gate(stats.shift(lognormal(rng, 30, sigma=0.02), lognormal(rng, 30, sigma=0.02)), 0.05)
+    assert (g.verdict, g.failed) == ("unchanged", False)
+
+
+def test_no_significant_change_that_rules_out_a_slowdown_is_unchanged():
+    rng = np.random.default_rng(2)
+    s = stats.shift(lognormal(rng, 8, sigma=0.04), lognormal(rng, 8, 0.985, sigma=0.04))
+    assert min(s.p_slower, s.p_faster) > 0.01 and s.low < -0.05 < s.estimate and s.high < 0.05
+    g = stats.gate(s, 0.05)
+    assert g.verdict == "unchanged" and "rules out a slowdown past the 5 % threshold" in g.message
+
+
+def test_a_2_percent_slowdown_under_a_5_percent_threshold_does_not_fail():
+    rng = np.random.default_rng(6)
+    s = stats.shift(lognormal(rng, 30, sigma=0.01), lognormal(rng, 30, 1.02, sigma=0.01))
+    assert s.p_slower < 0.01  # significant, but small
+    g = stats.gate(s, 0.05)
+    assert (g.verdict, g.failed) == ("unchanged", False)
+
+
+def test_a_faster_kernel_is_faster():
+    rng = np.random.default_rng(7)
+    g = stats.gate(stats.shift(lognormal(rng, 20), lognormal(rng, 20, 0.8)), 0.05)
+    assert (g.verdict, g.failed) == ("faster", False)
+    assert "faster" in g.message and "past the 5 % threshold" in g.message
+
+
+def test_few_or_noisy_blocks_are_inconclusive():
+    rng = np.random.default_rng(8)
+    g = stats.gate(stats.shift(lognormal(rng, 2), lognormal(rng, 10, 2.0)), 0.05)
+    assert (g.verdict, g.failed) == ("inconclusive", False)  # twice as slow, but on 2 baseline blocks
+    assert "too few blocks" in g.message
+    g = stats.gate(stats.shift(lognormal(rng, 4), lognormal(rng, 4, 1.3)), 0.05)
+    assert g.verdict == "inconclusive"  # 4 against 4 cannot reach p < 0.01
+    assert "at least 5 blocks on each side" in g.message
+    g = stats.gate(stats.shift(lognormal(rng, 4), lognormal(rng, 4, 0.7)), 0.05)
+    assert g.verdict == "inconclusive"  # nor can it say faster
+    g = stats.gate(stats.shift(lognormal(rng, 8, sigma=0.2), lognormal(rng, 8, 1.04, sigma=0.2)), 0.05)
+    assert g.verdict == "inconclusive" and "more blocks" in g.message
+
+
+def test_a_significant_change_under_the_threshold_whose_interval_reaches_past_it_is_inconclusive():
+    rng = np.random.default_rng(2)
+    s = stats.shift(lognormal(rng, 10, sigma=0.03), lognormal(rng, 10, 0.965, sigma=0.03))
+    assert s.p_faster < 0.01 and -0.05 < s.estimate and s.low < -0.05  # 4 % faster, maybe 6 %
+    assert stats.gate(s, 0.05).verdict == "inconclusive"
+
+
+def test_shift_wants_positive_values():
+    with pytest.raises(ValueError):
+        stats.shift([1.0, 0.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_drift():
+    assert stats.drift([1.0, 1.0, 1.0, 2.0, 2.0]) == 0.0  # fewer than 6
+    assert stats.drift([1.0, 1.0, 1.0, 1.05, 1.05, 1.05, 1.1, 1.1, 1.1]) == pytest.approx(0.1)
+    assert stats.drift([1.0, 1.0, 5.0, 1.2, 1.2, 1.2, 1.1, 1.5, 1.1]) == pytest.approx(0.1)  # medians, not means
+    assert stats.drift([2.0, 2.0, 9.0, 1.0, 1.0, 1.0, 1.0]) == pytest.approx(-0.5)  # thirds of 2 of 7
 
 
 # -- the package ----------------------------------------------------------------------------
