@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from ropecheck.timing import stats, timers
+from ropecheck.timing import sampling, stats, timers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -318,6 +318,110 @@ def test_copy_call_moves_the_bytes_asked():
 def test_gpu_clock_never_raises():
     got = timers.gpu_clock_mhz(0)
     assert got is None or got > 0
+
+
+# -- sampling -------------------------------------------------------------------------------
+
+
+def constant_arm(value: float, order: list | None = None, name: str = ""):
+    def arm(n):
+        if order is not None:
+            order.append(name)
+        return [value] * n
+
+    return arm
+
+
+def noisy_arm(seed: int, sigma: float = 0.5):
+    rng = np.random.default_rng(seed)
+    return lambda n: list(rng.lognormal(0, sigma, n))
+
+
+def arm_order(seed: int = 0, blocks: int = 400) -> list:
+    """The order two constant arms ran in over ``blocks`` blocks of 2 samples."""
+    order: list = []
+    got = sampling.interleave(
+        {"a": constant_arm(1.0, order, "a"), "b": constant_arm(2.0, order, "b")},
+        block=2,
+        min_blocks=blocks,
+        max_blocks=blocks,
+        seed=seed,
+    )
+    assert got.blocks == blocks and len(got.arms["a"]) == len(got.arms["b"]) == 2 * blocks
+    return order
+
+
+def test_interleave_shuffles_the_order_of_the_arms_per_block():
+    order = arm_order()
+    second = order[1::2]
+    assert 0.4 < second.count("b") / len(second) < 0.6  # each arm second about half the time
+    assert arm_order() == order  # seeded
+    assert arm_order(seed=1) != order
+
+
+def test_interleave_stops_when_settled():
+    got = sampling.interleave({"a": constant_arm(1.0), "b": constant_arm(2.0)}, block=3, min_blocks=6)
+    assert (got.stopped, got.blocks) == ("settled", 6)
+    assert got.arms["a"] == [1.0] * 18
+
+
+def test_interleave_stops_at_the_sample_limit():
+    got = sampling.interleave({"a": noisy_arm(0), "b": noisy_arm(1)}, block=3, max_blocks=10, settle=0.001)
+    assert (got.stopped, got.blocks) == ("sample limit", 10)
+    assert len(got.arms["a"]) == len(got.arms["b"]) == 30
+
+
+def test_interleave_stops_at_the_time_limit():
+    now = [0.0]
+
+    def slow(arm):
+        def timed(n):
+            now[0] += 1.0  # each arm's samples take a second
+            return arm(n)
+
+        return timed
+
+    got = sampling.interleave(
+        {"a": slow(noisy_arm(0)), "b": slow(noisy_arm(1))}, budget_s=5.5, settle=0.001, clock=lambda: now[0]
+    )
+    assert (got.stopped, got.blocks, got.seconds) == ("time limit", 3, 6.0)  # 2 s a block: over 5.5 s after 3
+    now[0] = 0.0
+    once = sampling.interleave({"a": slow(noisy_arm(0))}, budget_s=0.0, clock=lambda: now[0])
+    assert (once.stopped, once.blocks) == ("time limit", 1)  # always one block
+
+
+def test_interleave_watching_a_ratio_settles_through_a_drift_both_arms_see():
+    def drifting(scale):
+        state = {"block": 0}
+
+        def arm(n):  # both arms slow down 5 % a block: their ratio stays 2
+            state["block"] += 1
+            return [scale * 1.05 ** state["block"]] * n
+
+        return arm
+
+    watched = sampling.interleave(
+        {"kernel": drifting(2.0), "copy": drifting(1.0)}, watch=("kernel", "copy"), max_blocks=20
+    )
+    assert (watched.stopped, watched.blocks) == ("settled", 6)
+    assert watched.ratios("kernel", "copy") == pytest.approx([2.0] * 6)
+    unwatched = sampling.interleave({"kernel": drifting(2.0), "copy": drifting(1.0)}, max_blocks=20)
+    assert unwatched.stopped == "sample limit"
+
+
+def test_samples_ratios_are_per_block_medians():
+    got = sampling.Samples(
+        {"k": [3, 1, 2, 30, 10, 20], "c": [1, 1, 1, 5, 4, 6]}, block=3, blocks=2, stopped="settled", seconds=1.0
+    )
+    assert list(got.block_medians("k")) == [2, 20]
+    assert list(got.ratios("k", "c")) == [2, 4]
+
+
+def test_interleave_rejects_an_arm_returning_the_wrong_count():
+    with pytest.raises(ValueError, match="returned 1 samples"):
+        sampling.interleave({"a": lambda n: [1.0]})
+    with pytest.raises(ValueError, match="watch"):
+        sampling.interleave({"a": constant_arm(1.0)}, watch=("a", "copy"))
 
 
 # -- stats ----------------------------------------------------------------------------------
