@@ -6,7 +6,10 @@ simulated data, and the records against pytest-benchmark's own reader."""
 from __future__ import annotations
 
 import ast
+import json
 import math
+import os
+import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pytest_benchmark.stats import Stats
 from scipy import stats as sps
 
-from ropecheck.timing import sampling, stats, timers
+from ropecheck.timing import records, sampling, stats, timers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -553,6 +557,79 @@ def test_drift():
     assert stats.drift([1.0, 1.0, 1.0, 1.05, 1.05, 1.05, 1.1, 1.1, 1.1]) == pytest.approx(0.1)
     assert stats.drift([1.0, 1.0, 5.0, 1.2, 1.2, 1.2, 1.1, 1.5, 1.1]) == pytest.approx(0.1)  # medians, not means
     assert stats.drift([2.0, 2.0, 9.0, 1.0, 1.0, 1.0, 1.0]) == pytest.approx(-0.5)  # thirds of 2 of 7
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+def test_an_entry_holds_pytest_benchmark_s_own_statistics():
+    samples = [1e-6, 2e-6, 1.5e-6, 9e-6, 1.2e-6]
+    e = records.entry(
+        "rope[float16-4096]",
+        "rope",
+        samples,
+        params={"dtype": "float16", "tokens": 4096},
+        options={"timer": "cuda-graph"},
+        extra_info={"bytes": 1 << 20},
+    )
+    reference = Stats()
+    for t in samples:
+        reference.update(t)
+    assert {k: e["stats"][k] for k in Stats.fields} == reference.as_dict()
+    assert e["stats"]["data"] == samples and e["stats"]["iterations"] == 1
+    assert e["param"] == "float16-4096" and e["fullname"] == "rope[float16-4096]"
+    assert e["options"]["timer"] == "cuda-graph" and e["options"]["min_rounds"] == 5
+    with pytest.raises(ValueError):
+        records.entry("empty", "rope", [])
+
+
+def test_machine_info_is_pytest_benchmark_s_and_the_device():
+    info = records.machine_info("cuda:0", "NVIDIA H200")
+    assert info["ropecheck_device"] == "NVIDIA H200" and info["ropecheck_device_string"] == "cuda:0"
+    assert "python_version" in info and "machine" in info
+
+
+def test_a_saved_document_loads_and_pytest_benchmark_compares_it(tmp_path):
+    doc = records.document(
+        [
+            records.entry("rope_fused", "rope", [1e-6, 1.1e-6, 0.9e-6]),
+            records.entry("copy", "rope", [2e-6, 2.1e-6, 1.9e-6]),
+        ],
+        records.machine_info("cpu", "cpu"),
+        commit={"id": "abc", "dirty": False},
+    )
+    assert doc["version"] and doc["datetime"].endswith("+00:00")
+    path = records.save(doc, tmp_path / "0001_bench.json")
+    assert records.load(path) == json.loads(json.dumps(doc))
+    cli = Path(sys.executable).parent / "pytest-benchmark"
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "pytest_benchmark"]
+    # without pytest's plugins (ropecheck's own would import torch: 4 s); cwd: compare makes ./.benchmarks
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run(
+        command + ["compare", str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rope_fused" in done.stdout and "copy" in done.stdout
+
+
+def test_document_fills_commit_info_itself():
+    doc = records.document([], {})
+    assert "id" in doc["commit_info"]
+
+
+def test_load_refuses_what_is_not_a_benchmark_file(tmp_path):
+    for i, text in enumerate(
+        [
+            '{"a": 1}',
+            "[1, 2]",
+            "not json",
+            '{"machine_info": {}, "commit_info": {}, "datetime": "", "version": "", "benchmarks": [{"name": "x"}]}',
+        ]
+    ):
+        path = tmp_path / f"{i}.json"
+        path.write_text(text)
+        with pytest.raises(ValueError, match="is not a pytest-benchmark file"):
+            records.load(path)
 
 
 # -- the package ----------------------------------------------------------------------------
