@@ -71,8 +71,8 @@ def median_interval(samples: Values, confidence: float = 0.95) -> tuple[float, f
     x = np.sort(_values(samples))
     n = x.size
     cdf = sps.binom.cdf(np.arange(n // 2 + 1), n, 0.5)
-    below = int(np.searchsorted(cdf, (1 - confidence) / 2, side="right"))  # j: ranks 1..j-1 have P(B <= r) <= alpha / 2
-    j = max(below, 1)
+    # j = 1 + the largest r with P(B <= r) <= (1 - confidence) / 2 (0 when there is none)
+    j = max(int(np.searchsorted(cdf, (1 - confidence) / 2, side="right")), 1)
     return float(x[j - 1]), float(x[n - j])
 
 
