@@ -29,6 +29,7 @@ LAYERS = (
     ("properties.nd", ("ropecheck.properties.nd",)),  # a family in a folder of its own
     ("properties.families", ("ropecheck.properties.families",)),
     ("kernels", ("ropecheck.kernels",)),
+    ("timing", ("ropecheck.timing",)),
     ("calling", ("ropecheck.calling",)),
     ("targets", ("ropecheck.targets", "ropecheck.target")),
     ("adapters", ("ropecheck.adapters",)),
