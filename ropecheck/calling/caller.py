@@ -18,6 +18,7 @@ from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
 from ropecheck.calling.launches import Recorded
 from ropecheck.calling.presets import PRESETS
+from ropecheck.calling.timed import Timed, TimeRequest
 from ropecheck.properties.core.contract import ROW_FORMS, CallError
 
 DEFAULT_TIMEOUT = 20.0
@@ -33,6 +34,8 @@ class Executor(Protocol):
     state_changes: list
 
     def run(self, request: Request) -> Outcome: ...
+
+    def time(self, request: TimeRequest) -> Timed: ...
 
     def close(self) -> None: ...
 
@@ -169,14 +172,19 @@ class Caller:
         self.compiled.add(key)
         return self.timeout + COMPILE_ALLOWANCE
 
-    def outcome(
+    def request(
         self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None, table_sign: int = 1
-    ) -> Outcome:
+    ) -> Request:
+        """The Request of one call on ``args`` (the canonical x) in the target's call form."""
         form = self.form(args[0], case, table_sign)
         limit = self.time_limit(op, args, positions, form)
         inplace = self.inplace or (form is not None and bool(form.api) and PRESETS[form.api].writes_x(form.choices))
-        request = Request(op, args, positions, grads, inplace, form, self.device, self.mode, limit)
-        outcome = self.executor.run(request)
+        return Request(op, args, positions, grads, inplace, form, self.device, self.mode, limit)
+
+    def outcome(
+        self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None, table_sign: int = 1
+    ) -> Outcome:
+        outcome = self.executor.run(self.request(op, args, positions, grads, case, table_sign))
         if outcome.classes:
             self.paths.add(tuple(outcome.classes.items()))
         if outcome.launches:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.overrides import has_torch_function
 
-from ropecheck.calling import api_call, context_parallel, launches, modes
+from ropecheck.calling import api_call, context_parallel, launches, modes, timed
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong, Stages, drive
 
@@ -253,6 +253,7 @@ class Execution:
     def __init__(self, fn: Callable):
         self.fn = fn
         self.watch = _Watch()
+        self.timing = timed.Timing(_stages, self.in_mode)  # what ``time`` keeps prepared
         try:
             self.in_modes: dict = _IN_MODES.setdefault(fn, {})  # mode -> fn run in it (ropecheck.modes)
         except TypeError:  # not weakly referenceable (a builtin function): this Execution's own
@@ -335,6 +336,16 @@ class Execution:
             outcome = self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
         outcome.notes = modes.take_notes()
         return outcome
+
+    def time(self, request: timed.TimeRequest) -> timed.Timed:
+        """A block of timed samples (``ropecheck.calling.timed``), process-wide torch state
+        guarded as around a call."""
+        changes: list = []
+        with state_guard(changes):
+            result = self.timing.run(request)
+        if changes:
+            result.info["state_changes"] = changes
+        return result
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors to rotate (a position or table

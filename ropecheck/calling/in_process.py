@@ -15,6 +15,7 @@ from typing import Callable
 
 from ropecheck.calling import modes, quiet
 from ropecheck.calling.execution import Execution, Outcome, Request
+from ropecheck.calling.timed import Timed, TimeRequest
 from ropecheck.properties.core.contract import TargetHung
 
 HARD_KILL_GRACE = 10.0
@@ -113,5 +114,9 @@ class InProcess:
         modes.record_notes(outcome.notes)
         return outcome
 
+    def time(self, request: TimeRequest) -> Timed:
+        with time_limit(request.timeout), quiet.captured():
+            return self.execution.time(request)
+
     def close(self) -> None:
-        pass
+        self.execution.timing.close()

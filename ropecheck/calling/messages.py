@@ -1,6 +1,6 @@
 """What ropecheck and its worker process say to each other: named messages with keyword
-fields (``Warm``, ``Load``, ``Call``, ``Exit``; ``Loaded``, ``Failed``, ``Done``), pickled with CPU
-tensors sent by value, views kept (``dumps``)."""
+fields (``Warm``, ``Load``, ``Call``, ``Time``, ``Exit``; ``Loaded``, ``Failed``, ``Done``,
+``timed.Timed``), pickled with CPU tensors sent by value, views kept (``dumps``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ropecheck.calling.execution import Outcome, Request
+from ropecheck.calling.timed import TimeRequest
 
 # ropecheck -> worker
 
@@ -39,6 +40,13 @@ class Call:
 
     request: Request
     spin: float = 0.0
+
+
+@dataclass(frozen=True)
+class Time:
+    """Time a block of samples (``ropecheck.calling.timed``); the reply is a ``Timed``."""
+
+    request: TimeRequest
 
 
 @dataclass(frozen=True)

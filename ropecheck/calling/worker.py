@@ -41,7 +41,8 @@ import torch
 
 from ropecheck.calling import memory, modes, quiet, sanitizer, sanitizer_reports, spawn
 from ropecheck.calling.execution import Execution, Outcome, Request, describe_exception
-from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Internal, Load, Loaded, Warm, dumps
+from ropecheck.calling.messages import Call, Crashed, Done, Exit, Failed, Internal, Load, Loaded, Time, Warm, dumps
+from ropecheck.calling.timed import Timed, TimeRequest
 from ropecheck.properties.core.contract import CallError, TargetHung
 
 LOAD_TIMEOUT = 600.0  # seconds to import and build a target (a library's import can be slow)
@@ -149,12 +150,22 @@ def serve(fd: int, crash_log: str, preload: tuple = ()) -> None:
         reply(Done(outcome))
         return not poisoned
 
+    def on_time(message: Time) -> bool:
+        try:
+            timed = state["execution"].time(message.request)
+        except Exception as exc:  # ropecheck's code around the calls
+            reply(Internal(describe_exception(exc)))
+            return True
+        poisoned = timed.error is not None and _CUDA_FAULT.search(timed.error[1])
+        reply(timed)
+        return not poisoned
+
     def on_warm(message: Warm) -> bool:
         with memory.importing():  # mostly imports (dynamo, inductor): frozen, as the target's are
             modes.warm_up(message.modes)
         return True
 
-    handlers: dict[type, Callable[..., bool]] = {Warm: on_warm, Load: on_load, Call: on_call}
+    handlers: dict[type, Callable[..., bool]] = {Warm: on_warm, Load: on_load, Call: on_call, Time: on_time}
     while True:
         try:
             spin_until_ready(conn, None, state["spin"])
@@ -347,15 +358,22 @@ class Worker:
                 process.stop()
         self.current = self.standby = None
 
-    def run(self, request: Request) -> Outcome:
-        """One call in the worker (a new one first if a crash or hang stopped the last),
-        within ``request.timeout``."""
+    def _ready(self) -> Optional[str]:
+        """A loaded process (a new one if a crash or a hang stopped the last), or why not."""
         if not self.alive:
             try:
                 self.start()
             except WorkerError as exc:
-                return Outcome(error=("crashed", f"restarting the target's worker failed: {exc}"))
-        assert self.current is not None  # started above
+                return f"restarting the target's worker failed: {exc}"
+        return None
+
+    def run(self, request: Request) -> Outcome:
+        """One call in the worker (a new one first if a crash or hang stopped the last),
+        within ``request.timeout``."""
+        failed = self._ready()
+        if failed:
+            return Outcome(error=("crashed", failed))
+        assert self.current is not None  # started by _ready
         self.current.conn.send_bytes(dumps(Call(request, SPIN)))
         reply = self.current.receive(request.timeout, during="during the call")
         if isinstance(reply, Failed):
@@ -380,6 +398,24 @@ class Worker:
             if self.standby is None:
                 self.standby = _Process(self.loader, self.args, self.sanitize)
         return outcome
+
+    def time(self, request: TimeRequest) -> Timed:
+        """A block of timed samples in the worker (``ropecheck.calling.timed``), within
+        ``request.timeout``; a crash is the block's error (the next block starts a new
+        worker, which prepares its subjects again)."""
+        failed = self._ready()
+        if failed:
+            return Timed(error=("crashed", failed))
+        assert self.current is not None  # started by _ready
+        self.current.conn.send_bytes(dumps(Time(request)))
+        reply = self.current.receive(request.timeout, during="while timing the call")
+        if isinstance(reply, Internal):
+            raise RuntimeError(f"in the target's worker process: {reply.message}")
+        if isinstance(reply, (Crashed, Failed)):
+            self.current.stop(kill=True)
+            self.current = None
+            return Timed(error=("crashed", reply.message))
+        return reply
 
 
 class RemoteFunction:
