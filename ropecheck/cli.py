@@ -1,8 +1,10 @@
-"""``ropecheck`` command line: ``check``, ``identify``, ``report`` and ``list``, their options
-made from the option table (``ropecheck.session.options``).
+"""``ropecheck`` command line: ``check``, ``bench``, ``identify``, ``report`` and ``list``, their
+options made from the option table (``ropecheck.session.options``).
 
 Exit status: 0 every check passed; 1 a check failed; 2 usage error, or the target could
-not be loaded or called (the message says why; a traceback only with --debug).
+not be loaded or called (the message says why; a traceback only with --debug). ``bench``:
+0 every shape timed and right (and not slower than its baseline); 1 a shape wrong, failed,
+or slower.
 """
 
 from __future__ import annotations
@@ -67,6 +69,18 @@ def finish(code: int):
     sys.exit(code)
 
 
+def progress_bar(console: Console) -> Progress:
+    """The bar a run shows while it works (gone when it ends)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
 @table_command(
     main,
     "check",
@@ -104,14 +118,7 @@ def check(options):
     for line in sizes_lines(run.sizes, target, session.dtypes):
         console.print(line)
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
+        with progress_bar(console) as progress:
             checks = len(session.rows) + (len(session.modes) - 1) * len(session.properties)  # the range probe once
             task = progress.add_task("checking", total=len(session.dtypes) * checks)
 
@@ -327,6 +334,77 @@ def identify(options):
     if options.json:
         write_identification(options.json, ident)
     sys.exit(EXIT_PASSED if ident.rotary else EXIT_FAILED)
+
+
+@table_command(
+    main,
+    "bench",
+    "Time TARGET (the same target, convention and interface flags as check) at a model's decode and prefill "
+    "shapes: each output first checked against the float64 reference (a wrong kernel is reported, not timed), "
+    "then timed interleaved with a copy of the bytes it must move on the same device; --baseline gates a "
+    "slowdown. Exit 0: every shape timed, right and not slower; 1: a shape wrong, failed or slower; 2: unusable. "
+    "See docs/benchmarks.md.",
+)
+def bench(options):
+    from ropecheck.bench import output
+    from ropecheck.bench.run import device_name, prepare
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)  # the table's 9 columns
+    try:
+        run = prepare(options)
+    except UnusableTarget as exc:
+        fail(console, str(exc))
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    except Exception as exc:  # our own bug: say so plainly
+        traceback.print_exc() if options.debug else None
+        fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+    name = run.subject.name
+    device = device_name(run.device)
+    console.print(
+        f"Bench {escape(name)} on {escape(device)}: {len(run.rows_to_time)} shapes, "
+        f"up to {run.plan.budget:g} s of sampling each"
+    )
+    for shape, why in run.left_out:
+        console.print(f"[yellow]left out {escape(shape)}: {escape(why)}[/]")
+    try:
+        with progress_bar(console) as progress:
+            task = progress.add_task("timing", total=len(run.rows_to_time))
+            run.run(lambda row: progress.update(task, advance=1, description=row.name))
+    except KeyboardInterrupt:
+        run.close()
+        fail(console, "interrupted", EXIT_FAILED)
+    except Exception as exc:  # our own bug: say so plainly
+        run.close()
+        traceback.print_exc() if options.debug else None
+        fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+    run.close()
+    compared = run.other.name if run.other else (options.bench_baseline or "")
+    console.print(output.table(run.rows, f"{name} on {device}", compared))
+    for row in run.rows:
+        if row.status != "timed":
+            console.print(f"[red]{escape(row.name)}: {row.status}:[/] {escape(row.message)}", soft_wrap=True)
+        for note in row.notes:
+            console.print(f"[yellow]{escape(row.name)}:[/] {escape(note)}", soft_wrap=True)
+        if row.gate is not None and row.gate.verdict != "unchanged":
+            console.print(f"{escape(row.name)}: {escape(row.gate.message)}", soft_wrap=True)
+    if options.json:
+        output.write(options.json, run.rows, name, run.device, device, run.left_out)
+        console.print(f"wrote {escape(options.json)} (pytest-benchmark's format)")
+    status = run.exit_status
+    slower = [r.name for r in run.rows if r.gate is not None and r.gate.failed]
+    wrong = [r.name for r in run.rows if r.status != "timed"]
+    if status == 0:
+        console.print(
+            f"[bold green]BENCH PASSED[/]: {len(run.rows)} shapes timed"
+            + (", none slower" if any(r.gate for r in run.rows) else "")
+        )
+    else:
+        said = ([f"{len(wrong)} not timed (wrong or failed)"] if wrong else []) + (
+            [f"{len(slower)} slower than allowed ({100 * run.threshold:g} %)"] if slower else []
+        )
+        console.print(f"[bold red]BENCH FAILED[/]: {'; '.join(said)}")
+    finish(status)
 
 
 if __name__ == "__main__":

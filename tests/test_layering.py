@@ -36,6 +36,7 @@ LAYERS = (
     ("session", ("ropecheck.session",)),
     ("report", ("ropecheck.report",)),
     ("identification", ("ropecheck.identification",)),
+    ("bench", ("ropecheck.bench",)),
     ("front doors", ("ropecheck.api", "ropecheck.cli", "ropecheck.commands", "ropecheck.pytest_plugin", "ropecheck.__main__",
                      "ropecheck.figures", "ropecheck")),
 )

@@ -40,6 +40,7 @@ class Option:
     defaults: dict = field(default_factory=dict)  # front door -> its own default (api, report)
     metavar: str = ""
     flag_value: Optional[str] = None  # the value of the flag given alone (--sanitize: memcheck)
+    pytest_word: str = ""  # the pytest flag's and ini option's word when not the command line's
 
     @property
     def cli(self) -> str:
@@ -48,11 +49,11 @@ class Option:
 
     @property
     def pytest_flag(self) -> str:
-        return "--rope-" + (self.flag or self.name.replace("_", "-"))
+        return "--rope-" + (self.pytest_word or self.flag or self.name.replace("_", "-"))
 
     @property
     def ini(self) -> str:
-        return "rope_" + (self.flag or self.name).replace("-", "_")
+        return "rope_" + (self.pytest_word or self.flag or self.name).replace("-", "_")
 
     def default_for(self, door: str, command: str = "check"):
         """Its default through ``door`` (cli, api, pytest) for ``command``: a front door's

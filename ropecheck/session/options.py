@@ -53,14 +53,19 @@ REGRESSION_FACTOR = 2.0  # --regression-factor: the default threshold of a basel
 SANITIZE_EXAMPLES = 3  # examples per check under --sanitize (unless --max-examples says otherwise)
 
 
-TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE = (
+TARGET, CONVENTION, FAMILY, RUN, OUTPUT, BASELINE, BENCH = (
     "Target",
     "Convention (what the target computes)",
     "Family (N-D, multimodal, position builders, xPos)",
     "Run",
     "Output",
     "Baseline (accuracy regressions)",
+    "Bench (ropecheck bench: throughput)",
 )
+BENCH_SHAPES = ("decode", "prefill", "models")  # --shapes (ropecheck.bench.shapes)
+BENCH_TIMERS = ("auto", "cpu", "host", "cuda-cold", "cuda-graph")
+# the options of ``check`` that ``bench`` takes too: what the target is and how it is called
+BENCH_TAKES = ("dtypes", "modes", "timeout", "json", "debug")
 ROTATION_FAMILIES = ND_FAMILY_NAMES
 TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "pairs", "xpos")
 # the position builders (--axes); the table builders (TABLE_BUILDERS) take the 1-D convention
@@ -244,6 +249,48 @@ OPTIONS: tuple[Option, ...] = (
         "With --baseline PATH: show the comparison without failing on it, and write this run's record to PATH "
         "(created if absent): the deliberate update of a baseline.",
         BASELINE, default=False, kind=SWITCH, pytest=False, reproduce=False),
+    Option("bench",
+        "pytest: also time the target at the bench shapes (ropecheck bench), one benchmark per shape and dtype through "
+        "pytest-benchmark's benchmark fixture (--benchmark-save, --benchmark-compare work as usual; its "
+        "--benchmark-disable leaves only the check of each shape's output). See docs/benchmarks.md.",
+        BENCH, default=False, kind=SWITCH, commands=("pytest",), api=False),
+    # --- bench --------------------------------------------------------------------------------------
+    Option("shapes",
+        "Which shapes to time: decode (1 .. 512 tokens, one per sequence, at scattered positions), prefill "
+        "(4k .. 128k tokens in sequences of 4096, cut to the device's memory), models (each model's heads at one "
+        "decode and one prefill size: 32/8, 64/8 and 28/4 heads of 128, heads of 64 and 256, partial rotary, MLA's "
+        "128/1 of 64). Default: decode,prefill. See docs/benchmarks.md.",
+        BENCH, kind=LIST, convert=list, commands=("bench",), api=False, metavar="NAME"),
+    Option("bench_sizes",
+        "The shapes' sizes: gpu (as above) or cpu (smaller: decode 1 .. 64 tokens, prefill 512 and 2048). Default: "
+        "cpu on the CPU, gpu on a CUDA device.",
+        BENCH, choices=("cpu", "gpu"), flag="sizes", pytest_word="bench-sizes", commands=("bench",), api=False),
+    Option("shape",
+        "Override fields of every shape: tokens=N, sequences=N (of the tokens), heads=Q/K, head_dim=D, rotary_dim=R, "
+        "comma-separated, e.g. tokens=8192,heads=32/8.",
+        BENCH, commands=("bench",), api=False, metavar="K=V,..."),
+    Option("timer",
+        "How a call is timed: auto (cpu on the CPU; on CUDA cuda-graph below 32 MiB moved, where launch overhead "
+        "dominates, else cuda-cold), cpu (perf_counter_ns, fixed threads, last-level cache flushed), cuda-cold "
+        "(events around one call after an L2 flush), cuda-graph (calls replayed from a CUDA graph, inputs rotated "
+        "through more than the L2), host (wall time per eager call: what a model pays).",
+        BENCH, choices=BENCH_TIMERS, default="auto", commands=("bench",), api=False),
+    Option("threads", "CPU timer: torch's thread count while timing (default: the target process's).", BENCH,
+        at_least(1), commands=("bench",), api=False, metavar="N"),
+    Option("budget", "Seconds of sampling per shape at most (it stops earlier once the median has settled).", BENCH,
+        at_least(0.1, number), default=10.0, commands=("bench",), api=False),
+    Option("bench_baseline",
+        "Compare with an earlier bench run's --json on the same device (relative to the same-run copy; a one-sided "
+        "rank test over block medians): fails (exit 1) when a shape is significantly slower by more than "
+        "--fail-slower, says inconclusive (exit 0) when the samples cannot tell.",
+        BENCH, flag="baseline", pytest_word="bench-baseline", commands=("bench",), api=False, metavar="PATH"),
+    Option("fail_slower",
+        "The slowdown a speed gate fails on, as a fraction (default 0.05 on a GPU, 0.10 on the CPU).", BENCH,
+        at_least(0.0, number), commands=("bench",), api=False, metavar="FRACTION"),
+    Option("against",
+        "Another target (same flags) timed in the same run, interleaved with TARGET: TARGET is gated against it "
+        "as against a baseline.",
+        BENCH, commands=("bench",), api=False, pytest=False, metavar="TARGET"),
     # --- the other commands -----------------------------------------------------------------------
     Option("probe_max_position", "Largest position a probe may use.", TARGET, at_least(1), default=2**24,
         flag="max-position", commands=("identify",)),
@@ -282,6 +329,15 @@ FAMILY_PARAMETERS = (
 
 
 def for_command(command: str) -> list[Option]:
+    """The options of a command; ``bench`` takes the target's (its target, convention and
+    family groups), a few of the run's (BENCH_TAKES) and its own."""
+    if command == "bench":
+        shared = [
+            o
+            for o in OPTIONS
+            if "check" in o.commands and (o.group in (TARGET, CONVENTION, FAMILY) or o.name in BENCH_TAKES)
+        ]
+        return [o for o in OPTIONS if o in shared or "bench" in o.commands]
     return [o for o in OPTIONS if command in o.commands]
 
 

@@ -74,7 +74,7 @@ def build(options: Options) -> Target:
             family=options.family,
             builtin_options=builtin_options,
             api=None if applier else options.api,
-            sanitize=options.sanitize,
+            sanitize=options.get("sanitize"),
         )
     except (TargetLoadError, ValueError, OSError) as exc:
         raise UnusableTarget(
@@ -90,7 +90,7 @@ def build(options: Options) -> Target:
 def _check_sanitize(options: Options) -> None:
     """--sanitize runs the target's worker under compute-sanitizer: it needs a worker, a
     CUDA device and the sanitizer (exit 2 with the reason, before anything loads)."""
-    if options.sanitize is None:
+    if options.get("sanitize") is None:
         return
     if in_process(options):
         raise UsageError(
