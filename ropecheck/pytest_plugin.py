@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ropecheck.bench import pytest_items as bench_plugin
 from ropecheck.calling import spawn
 from ropecheck.properties.property import RANGE_PROBE
 from ropecheck.properties.runner import Result
@@ -30,7 +31,10 @@ from ropecheck.session.spec import UnusableTarget
 # plugins before any conftest): the workers fork from a zygote while no more are running
 THREADS_AT_IMPORT = spawn.threads()
 ENGINE_PACKAGES = ("properties", "reference")  # installed as ropecheck.properties, ropecheck.reference
-PYTEST_OPTIONS = [o for o in table.for_command("check") if o.pytest]
+CHECK_OPTIONS = [o for o in table.for_command("check") if o.pytest]
+# with --rope-bench: the bench's own options too (its target options are check's)
+BENCH_OPTIONS = [o for o in table.for_command("bench") if o.pytest and o not in CHECK_OPTIONS]
+PYTEST_OPTIONS = CHECK_OPTIONS + table.for_command("pytest") + BENCH_OPTIONS
 
 
 def pytest_addoption(parser):
@@ -130,7 +134,11 @@ def short_name(name: str) -> str:
 
 def pytest_generate_tests(metafunc):
     """test_position_range per dtype; test_property per dtype x property x mode, the
-    target's family's properties; dtypes the target does not support are skipped cases."""
+    target's family's properties; dtypes the target does not support are skipped cases;
+    with --rope-bench, test_bench per shape x dtype (``bench_plugin``)."""
+    if "rope_bench_row" in metafunc.fixturenames:
+        bench_plugin.parametrize(metafunc)
+        return
     if "rope_check" not in metafunc.fixturenames:
         return
     session = session_of(metafunc.config)
@@ -205,7 +213,11 @@ def pytest_configure(config):
         raise pytest.UsageError(f"ropecheck: {old!r} is now 'ropecheck.{old}': pytest --pyargs ropecheck.{old} ...")
     try:
         raw, sources = _raw(config)
-        options = config._ropecheck_options = parse("check", raw, door="pytest", sources=sources)
+        checked = {o.name for o in CHECK_OPTIONS}
+        options = config._ropecheck_options = parse(
+            "check", {k: v for k, v in raw.items() if k in checked}, door="pytest", sources=sources
+        )
+        config._ropecheck_bench = bench_plugin.options(raw, sources) if raw.get("bench") else None
     except UsageError as exc:
         raise pytest.UsageError(f"ropecheck: {exc}") from None
     try:
@@ -310,6 +322,26 @@ def pytest_terminal_summary(terminalreporter):
 def loaded_source(loaded) -> str:
     """The baseline's file, as a failure names it."""
     return getattr(loaded, "source", None) or next(iter(loaded.values())).source
+
+
+@pytest.fixture
+def rope_bench(request):
+    """Times one bench row (``rope_bench_row``: shape, dtype) into pytest-benchmark's
+    ``benchmark`` fixture (``bench_plugin.run``)."""
+    return lambda row, benchmark: bench_plugin.run(request.config, row, benchmark)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --rope-bench, the bench's test is not collected (it has no rows)."""
+    if getattr(config, "_ropecheck_bench", None) is None:
+        dropped = [item for item in items if item.originalname == "test_bench" and _ours(item)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if item not in dropped]
+
+
+def _ours(item) -> bool:
+    return Path(str(item.path)) == suite_path()
 
 
 @pytest.fixture
