@@ -2,9 +2,15 @@
 
 
 def pytest_terminal_summary(terminalreporter):
-    from benchmarks.gpu_protocol import ROWS, render
+    import sys
 
-    if ROWS:
+    module = sys.modules.get("benchmarks.bench_gpu_rope") or sys.modules.get("bench_gpu_rope")
+    rows = getattr(module, "ROWS_TIMED", None)
+    if rows:
         from rich.console import Console
 
-        Console(width=200).print(render(ROWS))
+        from ropecheck.bench.output import table
+
+        for implementation in dict.fromkeys(name for name, _ in rows):
+            mine = [row for name, row in rows if name == implementation]
+            Console(width=200).print(table(mine, implementation))

@@ -37,18 +37,19 @@ def _bench_table(bench_json: Path) -> str:
              f"{machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}", ""]
     gpu = any("gb_per_s" in row.get("extra_info", {}) for row in rows)
     if gpu:
-        lines += ["| config | implementation | median us | GB/s | % of copy | copy GB/s | err@1e3 | err@1e5 | err@1e6 |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| shape | implementation | timer | median us | GB/s | % of copy | host us | notes |",
+                  "|---|---|---|---|---|---|---|---|"]
     else:
         lines += ["| benchmark | median ms | mean ms | rounds | extra |", "|---|---|---|---|---|"]
     for row in rows:
         stats, info = row.get("stats", {}), row.get("extra_info", {})
-        if gpu:
-            impl = row.get("params", {}).get("implementation", row.get("name"))
-            lines.append(f"| {row.get('group') or '-'} | {impl} | {_fmt(stats.get('median', 0) * 1e6)} "
-                         f"| {_fmt(info.get('gb_per_s'))} | {_fmt(info.get('percent_of_copy'))} "
-                         f"| {_fmt(info.get('copy_gb_per_s'))} | {_fmt(info.get('max_error_at_1000'))} "
-                         f"| {_fmt(info.get('max_error_at_100000'))} | {_fmt(info.get('max_error_at_1000000'))} |")
+        if gpu:  # ropecheck bench's extra_info (ropecheck.bench.output.extra_info)
+            impl = info.get("implementation") or row.get("params", {}).get("implementation", row.get("name"))
+            copy = "launch-bound" if info.get("launch_bound") else _fmt(info.get("percent_of_copy"))
+            host = info.get("host_s_per_call")
+            lines.append(f"| {info.get('row', row.get('group') or '-')} | {impl} | {info.get('timer', '-')} "
+                         f"| {_fmt(stats.get('median', 0) * 1e6)} | {_fmt(info.get('gb_per_s'))} | {copy} "
+                         f"| {_fmt(host * 1e6) if host else '-'} | {'; '.join(info.get('notes', [])) or '-'} |")
         else:
             extra = ", ".join(f"{k}={_fmt(v)}" for k, v in info.items())
             lines.append(f"| {row.get('name')} | {_fmt(stats.get('median', 0) * 1e3)} "

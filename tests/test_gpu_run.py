@@ -149,18 +149,18 @@ def test_a_failing_step_is_recorded_and_the_run_goes_on(tmp_path):
 
 def test_benchmark_table_of_a_gpu_run(tmp_path):
     """The GPU columns of the benchmark table, from a real pytest-benchmark JSON file
-    whose rows carry the extra_info bench_gpu_rope.py records (values made up here)."""
+    whose rows carry the extra_info bench_gpu_rope.py records (ropecheck bench's; values made up here)."""
     bench = tmp_path / "bench_fake_gpu.py"
     bench.write_text(textwrap.dedent("""
         import pytest
 
         @pytest.mark.parametrize("implementation", ["ropecheck-triton", "liger"])
         def test_rope_gpu(benchmark, implementation):
-            benchmark.group = "q 32/k 8 x 128, 16384 tokens, bfloat16"
+            benchmark.group = "prefill"
             benchmark.pedantic(lambda: None, rounds=3)
-            benchmark.extra_info.update(gb_per_s=1234.5, percent_of_copy=41.0, copy_gb_per_s=3000.0,
-                                        max_error_at_1000=1e-7, max_error_at_100000=2e-7,
-                                        max_error_at_1000000=3e-7)
+            benchmark.extra_info.update(implementation=implementation, row="bfloat16 prefill T=16384 32/8x128",
+                                        timer="cuda-cold", gb_per_s=1234.5, percent_of_copy=41.0,
+                                        launch_bound=False, host_s_per_call=2e-5, notes=[])
     """))
     subprocess.run([sys.executable, "-m", "pytest", "-q", str(bench), "--benchmark-enable", "-p", "no:xdist",
                     "-p", "no:cacheprovider", "--benchmark-json", str(tmp_path / "b.json"), "--rootdir",
@@ -172,9 +172,9 @@ def test_benchmark_table_of_a_gpu_run(tmp_path):
     finally:
         sys.path.remove(str(ROOT / "ci"))
     table = gpu_report.bench_table(tmp_path / "b.json")
-    assert "| config | implementation | median us | GB/s | % of copy |" in table
-    assert "| q 32/k 8 x 128, 16384 tokens, bfloat16 | liger |" in table
-    assert "| 1.23e+03 | 41 | 3e+03 | 1e-07 | 2e-07 | 3e-07 |" in table
+    assert "| shape | implementation | timer | median us | GB/s | % of copy | host us | notes |" in table
+    assert "| bfloat16 prefill T=16384 32/8x128 | liger | cuda-cold |" in table
+    assert "| 1.23e+03 | 41 | 20 | - |" in table
     assert "No benchmark" in gpu_report.bench_table(tmp_path / "absent.json")
 
 
