@@ -179,3 +179,17 @@ def test_readme_is_a_front_page():
     linked = {(README.parent / t.partition("#")[0]).resolve() for t in links(README) if not re.match(r"^[a-z]+:", t)}
     unlinked = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert not unlinked, f"docs pages the README does not link to: {unlinked}"
+
+
+def test_bench_command_times_the_contract_file(tmp_path):
+    """README's bench line on the contract example (its shapes cut to one decode row and
+    half a second, for time): the kernel checked, timed, BENCH PASSED."""
+    language, code = marked_block("contract-file")
+    (tmp_path / code.splitlines()[0][2:]).write_text(code)
+    language, text = marked_block("bench-command")
+    assert language == "bash"
+    (command,) = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert command.startswith("ropecheck bench my_rope.py:"), command
+    done = run(command + " --shapes decode --shape tokens=4 --budget 0.5", tmp_path)
+    assert done.returncode == 0, shown(done)
+    assert "BENCH PASSED" in done.stdout, shown(done)
