@@ -331,17 +331,13 @@ def rope_bench(request):
     return lambda row, benchmark: bench_plugin.run(request.config, row, benchmark)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Without --rope-bench, the bench's test is not collected (it has no rows)."""
-    if getattr(config, "_ropecheck_bench", None) is None:
-        dropped = [item for item in items if item.originalname == "test_bench" and _ours(item)]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = [item for item in items if item not in dropped]
-
-
-def _ours(item) -> bool:
-    return Path(str(item.path)) == suite_path()
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """Without --rope-bench, the suite's bench test is not collected (it has no rows)."""
+    if name == "test_bench" and getattr(collector.config, "_ropecheck_bench", None) is None:
+        if Path(str(collector.path)) == suite_path():
+            return []
+    return None
 
 
 @pytest.fixture

@@ -87,6 +87,8 @@ class BenchRun:
         for subject in (self.subject, self.other):
             if subject is not None:
                 subject.target.close()
+                if subject.in_process is not None:
+                    subject.in_process.close()
 
     @property
     def exit_status(self) -> int:
@@ -124,6 +126,8 @@ def prepare(options: Options) -> BenchRun:
     if len(options.modes) != 1:
         raise UsageError("bench times one --mode at a time")
     device = options.device or "cpu"
+    if options.timer.startswith("cuda") and not device.startswith("cuda"):
+        raise UsageError(f"--timer {options.timer} times a CUDA device: add --device cuda")
     names = options.shapes or ["decode", "prefill"]
     unknown = [n for n in names if n not in shapes.TOKENS["cpu"]]
     if unknown:

@@ -28,6 +28,8 @@ import torch
 
 from ropecheck.bench import shapes as bench_shapes
 from ropecheck.bench.traffic import Traffic, itemsize, traffic
+from ropecheck.calling.caller import Executor
+from ropecheck.calling.in_process import InProcess
 from ropecheck.calling.timed import TimeRequest
 from ropecheck.properties.assertions import CheckFailure
 from ropecheck.properties.core.contract import CallError, TargetHung
@@ -47,7 +49,8 @@ BLOCK = 5  # samples per arm per block
 HOST_BLOCKS = 3
 THROTTLE = 0.10  # the copy slowing by this much during a row on a GPU: throttling suspected
 CPU_DRIFT = 0.25  # on a CPU (shared, frequency-scaled), a drift worth saying
-CALLS_PER_GRAPH = 20
+CALLS_PER_GRAPH = 20  # calls captured in one graph at least (one per input set when there are more)
+GRAPH_SETS = 8192  # input sets at most: a decode call's inputs (tens of KB) times this pass twice an H200's L2
 
 
 @dataclass
@@ -117,10 +120,17 @@ class Subject:
     target: Target
     timeout: Optional[float]
     contexts: dict = field(default_factory=dict)
+    in_process: Optional[InProcess] = None
 
     @property
-    def executor(self):
-        return self.target.executor
+    def executor(self) -> Executor:
+        """The target's worker, or (``--in-process``) one executor in this process."""
+        if self.target.executor is not None:
+            return self.target.executor
+        if self.in_process is None:
+            assert self.target.fn is not None, "an in-process target has its callable"
+            self.in_process = InProcess(self.target.fn)
+        return self.in_process
 
     def restart(self) -> None:
         """A new process for the target (a worker's; in-process targets stay): what a rerun
@@ -230,7 +240,7 @@ class Plan:
         flush), one for a timer that flushes or a host timer."""
         if timer != "cuda-graph":
             return 1
-        return input_sets_for(moved, l2_bytes(self.device))
+        return input_sets_for(moved, l2_bytes(self.device), limit=GRAPH_SETS)
 
 
 def fits(shape: bench_shapes.Shape, dtype: str, device: str) -> bool:
@@ -293,34 +303,45 @@ class Runner:
         self.rows += 1
         key = f"row{self.rows}"
         timer = row.timer = self.plan.timer_for(moved.moved)
-        sets = self.plan.sets_for(timer, moved.moved)
         case = case_for(target, shape, dtype, self.plan.seed)
         limit = 60.0 + 10 * (call_time_limit(self.subject.timeout, case) or 20.0)
-        common: dict[str, Any] = dict(
-            device=self.plan.device,
-            threads=self.plan.threads,
-            calls_per_graph=CALLS_PER_GRAPH,
-            timeout=limit,
-            sets=sets,
-        )
 
-        def call_arm(subject: Subject, name: str, kind: str) -> _Arm:
+        def call_arm(subject: Subject, name: str, kind: str, common: dict) -> _Arm:
             case = case_for(subject.target, shape, dtype, self.plan.seed)
             rope = subject.context(dtype)[1].rope
             rope.case = case
             positions = torch.from_numpy(np.ascontiguousarray(case.positions_array()))
             request = rope.request("call", (case.tensor(),), positions, case=case)
-            return _Arm(subject, TimeRequest(f"{key}|{name}", "call", kind, 0, request=request, **common))
+            return _Arm(subject, TimeRequest(f"{key}|{name}|{kind}", "call", kind, 0, request=request, **common))
 
-        call = call_arm(self.subject, "call", timer)
-        arms: dict[str, Callable[[int], list]] = {
-            "call": call,
-            "copy": _Arm(self.subject, TimeRequest(f"{key}|copy", "copy", timer, 0, moved_bytes=moved.moved, **common)),
-        }
-        if self.other is not None:
-            row.against = self.other.name
-            arms["against"] = call_arm(self.other, "against", timer)
         try:
+            for kind in [timer] + (["cuda-cold"] if timer == "cuda-graph" else []):
+                sets = self.plan.sets_for(kind, moved.moved)
+                common: dict[str, Any] = dict(
+                    device=self.plan.device,
+                    threads=self.plan.threads,
+                    calls_per_graph=max(CALLS_PER_GRAPH, sets),  # every set once per replay
+                    timeout=limit,
+                    sets=sets,
+                )
+                call = call_arm(self.subject, "call", kind, common)
+                arms: dict[str, Callable[[int], list]] = {"call": call}
+                if self.other is not None:
+                    row.against = self.other.name
+                    arms["against"] = call_arm(self.other, "against", kind, common)
+                try:
+                    for arm in arms.values():
+                        arm(1)  # prepared (a graph captured) before the first block
+                except CallError as exc:
+                    if kind != "cuda-graph":
+                        raise
+                    row.notes.append(f"cannot be captured in a CUDA graph ({exc}): timed cold instead")
+                    continue
+                row.timer = timer = kind
+                arms["copy"] = _Arm(
+                    self.subject, TimeRequest(f"{key}|copy|{kind}", "copy", kind, 0, moved_bytes=moved.moved, **common)
+                )
+                break
             row.launch = self._launch_time(timer, key)
             row.samples = interleave(
                 arms,
@@ -330,13 +351,16 @@ class Runner:
                 watch=("call", "copy"),
                 seed=self.plan.seed + self.rows,
             )
-            host = call_arm(self.subject, "host", "host")
+            host = call_arm(self.subject, "host", "host", {**common, "sets": 1})
             row.host = [s for _ in range(HOST_BLOCKS) for s in host(BLOCK)]
         except (CallError, TargetHung) as exc:
             row.status, row.message = "error", f"while timing: {exc}"
             return row
         row.info = call.info
         self._notes(row)
+        launched = getattr(self.subject.context(dtype)[1].rope, "launches", None)
+        if launched is not None and launched.count and not self.plan.device.startswith("cuda"):
+            row.notes.append("Triton's interpreter ran this kernel (no GPU here): its times are the interpreter's")
         fresh = check_output(self.subject, case_for(target, shape, dtype, self.plan.seed + 1))
         if fresh is not None:
             row.status, row.message = fresh[0], f"after timing, on fresh inputs: {fresh[1]}"
@@ -356,11 +380,10 @@ class Runner:
         if clock and clock[0] and clock[1] and clock[1] < clock[0] * (1 - THROTTLE):
             row.notes.append(f"the GPU's clock fell from {clock[0]} to {clock[1]} MHz during the row: throttled")
         if row.samples.stopped != "settled":
-            width = stats.relative_width(row.ratios) if len(row.ratios) >= 2 else math.inf
-            row.notes.append(
-                f"stopped at the {row.samples.stopped} before the median settled "
-                f"(its interval {100 * width:.1f} % of it)"
-            )
+            blocks = len(row.ratios)
+            width = stats.relative_width(row.ratios) if blocks >= 2 else math.inf
+            said = f"its interval {100 * width:.1f} % of it" if math.isfinite(width) else f"{blocks} block"
+            row.notes.append(f"stopped at the {row.samples.stopped} before the median settled ({said})")
 
 
 class _Arm:
