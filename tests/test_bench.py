@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -114,7 +116,8 @@ def test_one_extra_pass_over_q_fails_the_gate(baseline: Path):
 
 
 def test_against_another_kernel_in_the_same_run():
-    done = bench(f"{KERNELS}:rope_extra_pass", *ROW, *GATE, "--against", f"{KERNELS}:rope")
+    # interleaved in one run, both arms see the same load: the default 10 % threshold
+    done = bench(f"{KERNELS}:rope_extra_pass", *ROW, "--against", f"{KERNELS}:rope")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "slower" in done.stdout
 
@@ -129,6 +132,32 @@ def test_a_baseline_from_another_device_is_refused(baseline: Path, tmp_path: Pat
     assert "same device" in done.stdout + done.stderr
 
 
+WAN = ["--family", "axial", "--axes", "3", "--layout", "interleaved", "--split", "24,20,20", "--max-position", "1023"]
+
+
+def test_an_n_d_rotation_is_timed_at_an_image_s_patch_grid_and_a_wrong_one_is_not():
+    args = [*WAN, "--shape", "tokens=512", "--budget", "0.5"]
+    done = bench("tests/nd_coordinate_kernels.py:wan", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "image T=512 24x64" in done.stdout and "BENCH PASSED" in done.stdout
+    wrong = bench("tests/nd_coordinate_kernels.py:wan_split_mismatch", *args)  # diffusers #12538
+    assert wrong.returncode == 1 and "wrong" in wrong.stdout, wrong.stdout + wrong.stderr
+
+
+def test_n_d_positions_are_a_patch_grid():
+    from ropecheck.bench.runner import nd_positions
+    from ropecheck.properties.nd.coordinates import Coordinates
+
+    video = SimpleNamespace(n_axes=3, coordinates=None, max_position=1023)
+    p = nd_positions(video, shapes.Shape("image", shapes.Model("dit", 24, 0, 64), 512, 1))
+    assert p.shape == (1, 512, 3) and p.dtype == np.int64
+    assert [len(np.unique(p[0, :, a])) for a in range(3)] == [8, 8, 8]  # 8 x 8 x 8, last axis fastest
+    assert p[0, 1].tolist() == [0, 0, 1]
+    image = SimpleNamespace(n_axes=2, coordinates=Coordinates("float", ranges=((-1.0, 1.0),)), max_position=None)
+    q = nd_positions(image, shapes.Shape("image", shapes.Model("dit", 24, 0, 64), 256, 1))
+    assert q.dtype == np.float32 and q.min() == -1.0 and q.max() == 1.0
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
@@ -136,7 +165,7 @@ def test_a_baseline_from_another_device_is_refused(baseline: Path, tmp_path: Pat
         (["--shape", "tokens=0"], "positive"),
         (["--shape", "heads=32"], "heads=Q/K"),
         (["--shape", "colour=3"], "is not one of"),
-        (["--family", "axial", "--axes", "2"], "1-D RoPE"),
+        (["--shapes", "image"], "for 1-D RoPE"),
     ],
 )
 def test_bad_bench_options_are_usage_errors(args, said):

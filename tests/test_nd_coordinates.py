@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ropecheck.cli import main
-from ropecheck.properties.nd.coordinates import Coordinates, _grid_sides
+from ropecheck.properties.nd.coordinates import Coordinates, grid_sides
 from ropecheck.reference.nd import axial
 
 KERNELS = "tests/nd_coordinate_kernels.py"
@@ -148,7 +148,7 @@ def test_shifted_coordinates_stay_in_a_declared_range(data, kind, n_axes, seq, a
 def test_a_grid_holds_the_sequence():
     for seq in range(1, 70):
         for n_axes in (1, 2, 3):
-            sides = _grid_sides(seq, n_axes)
+            sides = grid_sides(seq, n_axes)
             assert math.prod(sides) >= seq and len(sides) == n_axes
 
 

@@ -138,7 +138,7 @@ class Coordinates:
                 hi = np.floor(hi)
         rng = np.random.default_rng(d(st.integers(0, 2**32 - 1)))
         if d(st.booleans()):  # a grid: the meshgrid of a patchified image / video, last axis fastest
-            sides = _grid_sides(seq, n_axes)
+            sides = grid_sides(seq, n_axes)
             axes = []
             for a, n in enumerate(sides):
                 start = d(st.sampled_from((lo[a], hi[a] - (n - 1)))) if self.kind == "int" else lo[a]
@@ -225,7 +225,7 @@ def _inward(value: float, direction: int) -> float:
 TOKEN_INDICES = Coordinates()
 
 
-def _grid_sides(seq: int, n_axes: int) -> list:
+def grid_sides(seq: int, n_axes: int) -> list:
     """Sides (n_0, .., n_{N-1}) of a grid with at least ``seq`` points, as near square as
     integers allow (the last axes get the larger sides, as images are wider than tall and
     videos have fewer frames than rows)."""

@@ -14,6 +14,8 @@ import torch
 from ropecheck.bench import gate, shapes
 from ropecheck.bench.runner import Plan, Row, Runner, Subject, default_dtype, fits, reference_property
 from ropecheck.calling.worker import cores
+from ropecheck.properties.core.contract import BUILDER_FORMS
+from ropecheck.properties.nd.families import ND_FAMILY_NAMES
 from ropecheck.session.options import Options, UsageError
 from ropecheck.session.prepare import resolve_dtypes, warm_up
 from ropecheck.session.spec import UnusableTarget, build
@@ -100,11 +102,13 @@ class BenchRun:
 def _subject(options: Options, name: str, dtypes: list) -> Subject:
     built = build(options)
     try:
-        if built.family != "rope":
+        if built.family not in ("rope", *ND_FAMILY_NAMES):
             raise UsageError(
-                f"bench times 1-D RoPE kernels (--family rope); {name!r} is --family {built.family}, "
-                "whose shapes bench does not make yet"
+                f"bench times rotations of q and k (--family rope, or an N-D one: {', '.join(ND_FAMILY_NAMES)}); "
+                f"{name!r} is --family {built.family}"
             )
+        if built.call in BUILDER_FORMS:
+            raise UsageError(f"--call {built.call}: a table builder moves no q or k to time (bench its applier)")
         reference_property(built)
         problems = warm_up(built, dtypes, options.timeout)
         bad = {d: p for d, p in problems.items() if d in dtypes and p}
@@ -120,6 +124,29 @@ def _subject(options: Options, name: str, dtypes: list) -> Subject:
     return Subject(name, built, options.timeout)
 
 
+def _shapes(options: Options, target, device: str) -> list:
+    """The rows ``--shapes``, ``--sizes`` and ``--shape`` ask for: the 1-D steps for 1-D
+    RoPE, ``image`` for an N-D rotation (at the head size it declares)."""
+    nd = target.family != "rope"
+    steps = ("image",) if nd else shapes.STEPS_1D
+    names = options.shapes or (["image"] if nd else ["decode", "prefill"])
+    unknown = [n for n in names if n not in steps]
+    if unknown:
+        kind = "an N-D rotation" if nd else "1-D RoPE"
+        raise UsageError(f"--shapes: {', '.join(unknown)} is not one of {', '.join(steps)} (for {kind})")
+    sizes = options.bench_sizes or ("gpu" if device.startswith("cuda") else "cpu")
+    head_dim = (target.head_dims or (0,))[0] if nd else 0
+    rows = shapes.shapes(names, sizes, head_dim)
+    if options.shape:
+        try:
+            rows = shapes.override(rows, options.shape)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if nd and any(r.model.head_dim not in target.head_dims for r in rows):
+        raise UsageError(f"--shape: {target.name!r} takes head sizes {', '.join(map(str, target.head_dims))}")
+    return rows
+
+
 def prepare(options: Options) -> BenchRun:
     """The run ``options`` ask for. UsageError for options it cannot use, UnusableTarget
     when a target cannot be loaded or called (exit 2)."""
@@ -128,21 +155,11 @@ def prepare(options: Options) -> BenchRun:
     device = options.device or "cpu"
     if options.timer.startswith("cuda") and not device.startswith("cuda"):
         raise UsageError(f"--timer {options.timer} times a CUDA device: add --device cuda")
-    names = options.shapes or ["decode", "prefill"]
-    unknown = [n for n in names if n not in shapes.TOKENS["cpu"]]
-    if unknown:
-        raise UsageError(f"--shapes: {', '.join(unknown)} is not one of {', '.join(shapes.TOKENS['cpu'])}")
-    sizes = options.bench_sizes or ("gpu" if device.startswith("cuda") else "cpu")
-    rows = shapes.shapes(names, sizes)
-    if options.shape:
-        try:
-            rows = shapes.override(rows, options.shape)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
     baseline = gate.load(options.bench_baseline, device_name(device)) if options.bench_baseline else None
     name = options.target if isinstance(options.target, str) else "rotate-half"
     subject = _subject(options, name or "rotate-half", [])
     try:
+        rows = _shapes(options, subject.target, device)
         dtypes, _ = resolve_dtypes(options.dtypes, subject.target)
         if not options.dtypes:
             dtypes = [default_dtype(subject.target, device)]
@@ -157,9 +174,9 @@ def prepare(options: Options) -> BenchRun:
     left_out, chosen = [], []
     for dtype in dtypes:
         for shape in rows:
-            convention = subject.target.convention
-            if convention is not None and convention.rotary_dim and convention.rotary_dim > shape.model.head_dim:
-                left_out.append((f"{dtype} {shape.name}", f"--rotary-dim {convention.rotary_dim} > head size"))
+            rotary = getattr(subject.target.convention, "rotary_dim", None)
+            if rotary and rotary > shape.model.head_dim:
+                left_out.append((f"{dtype} {shape.name}", f"--rotary-dim {rotary} > head size"))
             elif fits(shape, dtype, device):
                 chosen.append((shape, dtype))
             else:

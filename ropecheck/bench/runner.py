@@ -32,9 +32,11 @@ from ropecheck.calling.caller import Executor
 from ropecheck.calling.in_process import InProcess
 from ropecheck.calling.timed import TimeRequest
 from ropecheck.properties.assertions import CheckFailure
-from ropecheck.properties.core.contract import CallError, TargetHung
+from ropecheck.properties.core.contract import APPLIER_FORMS, CallError, TargetHung
 from ropecheck.properties.core.sizes import TOY
-from ropecheck.properties.inputs.cases import Case
+from ropecheck.properties.inputs.cases import Case, nested
+from ropecheck.properties.nd.checks import coordinates_of, limit
+from ropecheck.properties.nd.coordinates import grid_sides
 from ropecheck.properties.one_d import for_interface
 from ropecheck.properties.runner import call_time_limit
 from ropecheck.session.spec import family_of
@@ -162,36 +164,43 @@ def reference_property(target):
 def case_for(target, shape: bench_shapes.Shape, dtype: str, seed: int) -> Case:
     """The shape's input as the checks make one for ``target``: its call form's split of q
     and k heads (q and k together in one x for the x and packed forms), packed sequences,
-    its interface's choices."""
+    its interface's choices; an N-D rotation's positions a patch grid (``nd_positions``)."""
     m = shape.model
-    positions = shape.positions(seed)
+    nd = target.n_axes > 1 or target.family != "rope"
+    positions = nd_positions(target, shape) if nd else shape.positions(seed)
     call = target.call
-    heads, k_heads = (m.q_heads, m.k_heads) if call == "qk" else (m.q_heads + m.k_heads, 0)
+    heads, k_heads = (m.q_heads, m.k_heads or m.q_heads) if call == "qk" else (m.q_heads + m.k_heads, 0)
+    extra = dict(n_axes=target.n_axes, position_dtype=str(positions.dtype)) if nd else {}
     if call == "packed":
-        case = Case(
-            dtype,
-            1,
-            shape.tokens,
-            heads,
-            m.head_dim,
-            (tuple(positions.reshape(-1).tolist()),),
-            seed=seed,
-            call=call,
-            lengths=(shape.seq,) * shape.sequences,
-        )
+        flat = positions.reshape(1, shape.tokens, *positions.shape[2:])
+        case = Case(dtype, 1, shape.tokens, heads, m.head_dim, nested(flat, flat.dtype), seed=seed, call=call,
+                    lengths=(shape.seq,) * shape.sequences, **extra)  # fmt: skip
     else:
-        case = Case(
-            dtype,
-            shape.sequences,
-            shape.seq,
-            heads,
-            m.head_dim,
-            tuple(map(tuple, positions.tolist())),
-            seed=seed,
-            call=call,
-            k_heads=k_heads,
-        )
-    return for_interface(case, target)
+        case = Case(dtype, shape.sequences, shape.seq, heads, m.head_dim, nested(positions, positions.dtype),
+                    seed=seed, call=call, k_heads=k_heads, **extra)  # fmt: skip
+    if call in APPLIER_FORMS:  # x as (B, S, H, D), diffusers' sequence_dim=1
+        return case.with_choices(sequence_dim="1")
+    return case if nd else for_interface(case, target)
+
+
+def nd_positions(target, shape: bench_shapes.Shape) -> np.ndarray:
+    """(sequences, seq, n_axes): each sequence one image's (a video's) patches, the meshgrid
+    of a grid as near square as the axes allow, last axis fastest; token indices count from
+    0 (within the target's range), declared coordinates span their ranges."""
+    n = target.n_axes
+    coords = coordinates_of(target)
+    sides = grid_sides(shape.seq, n)
+    if coords.token_indices:
+        top = max(limit(target) // 2, 1)
+        axes = [np.minimum(np.arange(side), top) for side in sides]
+    else:
+        lo, hi = coords.bounds(n)
+        axes = [
+            np.clip(lo[a] + np.arange(side), lo[a], hi[a]) if coords.kind == "int" else np.linspace(lo[a], hi[a], side)
+            for a, side in enumerate(sides)
+        ]
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, n)[: shape.seq]
+    return np.ascontiguousarray(np.broadcast_to(grid, (shape.sequences, shape.seq, n))).astype(coords.dtype)
 
 
 def check_output(subject: Subject, case: Case) -> Optional[tuple]:
@@ -291,7 +300,8 @@ class Runner:
     def row(self, shape: bench_shapes.Shape, dtype: str) -> Row:
         target = self.subject.target
         m = shape.model
-        moved = traffic(target, dtype, shape.tokens, m.q_heads, m.k_heads, m.head_dim, shape.positions(self.plan.seed))
+        positions = np.asarray(case_for(target, shape, dtype, self.plan.seed).positions_array())
+        moved = traffic(target, dtype, shape.tokens, m.q_heads, m.k_heads, m.head_dim, positions)
         row = Row(shape, dtype, moved)
         subjects = [self.subject] + ([self.other] if self.other is not None else [])
         for subject in subjects:  # first: a wrong kernel is not timed

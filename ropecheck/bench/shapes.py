@@ -11,6 +11,11 @@ rotary part). Steps:
 - ``models``: each model at one decode and one prefill size.
 ``--sizes cpu`` makes them smaller (decode 1 .. 64 tokens, prefill 512 and 2048) and
 ``--shape`` overrides any field of every shape (``tokens=8192,heads=32/8``).
+
+An N-D rotation (image and video RoPE) is timed at ``image`` steps instead: one image's
+(or video's) patches, a grid as near square as its axes allow (``nd_grid``), 24 heads of
+the target's head size (a DiT's: Flux has 24 of 128), 1024 .. 16384 patches (CPU: 256
+and 1024).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class Model:
     @property
     def label(self) -> str:
         partial = f" r{self.rotary_dim}" if self.rotary_dim else ""
-        return f"{self.q_heads}/{self.k_heads}x{self.head_dim}{partial}"
+        heads = f"{self.q_heads}/{self.k_heads}" if self.k_heads else f"{self.q_heads}"
+        return f"{heads}x{self.head_dim}{partial}"
 
 
 MODELS = (
@@ -49,9 +55,16 @@ MODELS = (
 
 # step -> token counts, by sizes
 TOKENS = {
-    "gpu": {"decode": (1, 32, 512), "prefill": (4096, 32768, 131072), "models": (64, 16384)},
-    "cpu": {"decode": (1, 16, 64), "prefill": (512, 2048), "models": (16, 1024)},
+    "gpu": {
+        "decode": (1, 32, 512),
+        "prefill": (4096, 32768, 131072),
+        "models": (64, 16384),
+        "image": (1024, 4096, 16384),
+    },
+    "cpu": {"decode": (1, 16, 64), "prefill": (512, 2048), "models": (16, 1024), "image": (256, 1024)},
 }
+STEPS_1D = ("decode", "prefill", "models")
+DIT_HEADS = 24
 
 
 @dataclass(frozen=True)
@@ -86,13 +99,16 @@ def _shape(step: str, model: Model, tokens: int) -> Shape:
     return Shape(step, model, tokens, max(1, tokens // PREFILL_SEQUENCE))
 
 
-def shapes(names, sizes: str) -> list[Shape]:
-    """The rows of ``names`` (``decode``, ``prefill``, ``models``) at ``sizes`` (gpu, cpu)."""
+def shapes(names, sizes: str, head_dim: int = 0) -> list[Shape]:
+    """The rows of ``names`` (``decode``, ``prefill``, ``models``; ``image`` for an N-D
+    rotation of ``head_dim``) at ``sizes`` (gpu, cpu)."""
     rows: list = []
     default = MODELS[0]
     for name in names:
         counts = TOKENS[sizes][name]
-        if name == "models":
+        if name == "image":
+            rows += [Shape("image", Model("dit", DIT_HEADS, 0, head_dim), n, 1) for n in counts]
+        elif name == "models":
             rows += [_shape(step, m, n) for m in MODELS for step, n in zip(("decode", "prefill"), counts)]
         else:
             rows += [_shape(name, default, n) for n in counts]

@@ -259,7 +259,8 @@ OPTIONS: tuple[Option, ...] = (
         "Which shapes to time: decode (1 .. 512 tokens, one per sequence, at scattered positions), prefill "
         "(4k .. 128k tokens in sequences of 4096, cut to the device's memory), models (each model's heads at one "
         "decode and one prefill size: 32/8, 64/8 and 28/4 heads of 128, heads of 64 and 256, partial rotary, MLA's "
-        "128/1 of 64). Default: decode,prefill. See docs/benchmarks.md.",
+        "128/1 of 64); for an N-D rotation (image and video RoPE) image: one image's patch grid of 1k .. 16k "
+        "patches, 24 heads of its head size. Default: decode,prefill (N-D: image). See docs/benchmarks.md.",
         BENCH, kind=LIST, convert=list, commands=("bench",), api=False, metavar="NAME"),
     Option("bench_sizes",
         "The shapes' sizes: gpu (as above) or cpu (smaller: decode 1 .. 64 tokens, prefill 512 and 2048). Default: "
