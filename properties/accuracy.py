@@ -16,8 +16,15 @@ import torch
 
 import ropecheck.reference as reference
 from ropecheck.properties.core.contract import CallError
+from ropecheck.properties.core.sizes import pool_shapes
 from ropecheck.properties.inputs.cases import Case, as_float64
-from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
+from ropecheck.properties.inputs.strategies import (
+    FREE_HEAD_DIMS,
+    MAX_POSITION,
+    head_dim_choices,
+    max_position_for,
+    shape_head_dim,
+)
 
 SWEEP_HEADS = 4
 
@@ -43,6 +50,9 @@ def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
     if ctx.sizes.model:  # one model's head size and heads (a compiled model is handed no other)
         head_dim, heads = head_dim_choices(ctx.target.rotary_dim, ctx.sizes)[0], max(ctx.sizes.heads)
+    elif pool_shapes(ctx.sizes):  # a pooled run: the pool's first shape of one row
+        shape = next((s for s in pool_shapes(ctx.sizes) if s.batch == 1), pool_shapes(ctx.sizes)[0])
+        head_dim, heads = shape_head_dim(shape, ctx.target.rotary_dim, ctx.sizes), shape.heads
     else:
         head_dim, heads = ctx.target.rotary_dim or FREE_HEAD_DIMS[0], SWEEP_HEADS
     positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :].copy()  # strides of its own

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close
 from ropecheck.properties.core.contract import CallError
-from ropecheck.properties.core.sizes import TOY
+from ropecheck.properties.core.sizes import TOY, pool_shapes
 from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.inputs.strategies import (
     cases,
@@ -161,7 +161,7 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
 
 @register(
     name="batch-independence",
-    formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b",
+    formula="f(x, m)[b] = f(x[b], m[b]) for every batch row b (in a pooled run, x[b] repeated over the batch)",
     case_options={"min_batch": 2},
     same_theta_across_calls=True,
     calls=("x", "qk"),
@@ -170,11 +170,21 @@ def statelessness(ctx: Context, case: Case, other: Case, split: int) -> float:
 def batch_independence(ctx: Context, case: Case) -> float:
     p, x = case.positions_array(), case.tensor()
     whole = f64(ctx, x, p)
-    rows = np.concatenate([f64(ctx, x[b : b + 1], p[b : b + 1]) for b in range(case.batch)], axis=0)
+    rows = np.concatenate([_alone(ctx, x, p, b) for b in range(case.batch)], axis=0)
     bound = 2 * eps(ctx, p) * vector_norms(as_float64(x)) + ctx.model.floor
     return assert_close(
         vector_norms(whole - rows), 0.0, bound, positions=p, axes=AXES_3D, what="a batch call against one call per row"
     )
+
+
+def _alone(ctx: Context, x: torch.Tensor, p: np.ndarray, b: int) -> np.ndarray:
+    """Row b called without the others: alone, at batch 1; in a pooled run (``Sizes.pool``:
+    a kernel compiled per shape, its batch in the shape) in the batch's own shape, the row
+    repeated over it (its first row kept), so that the check adds no compile."""
+    if not pool_shapes(ctx.sizes):
+        return f64(ctx, x[b : b + 1], p[b : b + 1])
+    n = x.shape[0]
+    return f64(ctx, x[b : b + 1].repeat(n, *([1] * (x.dim() - 1))), np.repeat(p[b : b + 1], n, axis=0))[:1]
 
 
 # --- with a declared convention ------------------------------------------------------

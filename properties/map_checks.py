@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ropecheck.properties.assertions import AXES_3D, assert_close, assert_moved
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.inputs.cases import EXOTIC_LAYOUTS, LAYOUTS, MEMORY_LAYOUTS, Case, as_float64
-from ropecheck.properties.inputs.fixed_cases import in_form, within
+from ropecheck.properties.inputs.fixed_cases import in_form, onto_pool, within
 from ropecheck.properties.inputs.strategies import (
     FREE_HEAD_DIMS,
     SCORES_MAX_SEQ,
@@ -110,11 +110,13 @@ def _layouts_probe(ctx: Context) -> list:
                 replace(base, head_dim=r + 1), _odd_head_agrees, f"an odd head_dim ({r + 1}) around a rotary dim of {r}"
             )
         )
+
+    def shaped(case: Case) -> Case:  # a pooled run's shapes (``Sizes.pool``), the odd head size kept
+        in_call = in_form(case, ctx.target.call)
+        return in_call if case.head_dim != base.head_dim else onto_pool(in_call, ctx.sizes, r)
+
     return [
-        replace(
-            probe,
-            case=for_interface(replace(in_form(probe.case, ctx.target.call), memory=probe.case.memory), ctx.target),
-        )
+        replace(probe, case=for_interface(replace(shaped(probe.case), memory=probe.case.memory), ctx.target))
         for probe in probes
     ]
 

@@ -20,7 +20,7 @@ from ropecheck.properties.assertions import Tally
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import CALL_FORMS, Subject
 from ropecheck.properties.core.dtypes import torch_dtype
-from ropecheck.properties.core.sizes import huge_fits
+from ropecheck.properties.core.sizes import huge_fits, pool_shapes
 from ropecheck.properties.inputs.cases import MEMORY_LAYOUTS, Case, as_float64
 from ropecheck.properties.inputs.fixed_cases import (
     counts_up,
@@ -28,6 +28,7 @@ from ropecheck.properties.inputs.fixed_cases import (
     for_model,
     huge_case,
     large_cases,
+    onto_pool,
     production_cases,
     switch_cases,
     within,
@@ -39,6 +40,7 @@ from ropecheck.properties.inputs.strategies import (
     head_dim_choices,
     max_position_for,
     model_qk_heads,
+    shape_head_dim,
 )
 from ropecheck.properties.interfaces import draws
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
@@ -170,12 +172,15 @@ def _fixed_inputs(prop, ctx: Context) -> list:
     fixed = critical_cases(ctx.dtype, r, call)
     if ctx.convention is not None:  # calls of a length just below, at and above each switch
         fixed += switch_cases(ctx.dtype, ctx.convention.scaling.switches(), r, call)
+    small = len(fixed)
     if prop.large:
         fixed += large_cases(ctx.dtype, r, call)[: prop.large]
         fixed += production_cases(ctx.dtype, r, call, ctx.sizes)[: prop.large]
+    # a pooled run's shapes (``Sizes.pool``: a target that compiles per shape)
+    fixed = [onto_pool(case, ctx.sizes, r, large=n >= small) for n, case in enumerate(fixed)]
     if call == "qk" and ctx.target.k_optional and getattr(ctx.target, "interface", None) is not None:
         # an interface that takes key=None (MLA, cross-attention) is given it every run
-        fixed += [replace(case, k_heads=0, separate=False) for case in critical_cases(ctx.dtype, r, call)[:2]]
+        fixed += [replace(case, k_heads=0, separate=False) for case in fixed[:2]]
     fixed = [for_interface(case, ctx.target) for case in fixed]
     if ctx.sizes.model:  # one model's shapes (the huge input keeps its own: past 2^31 elements)
         layouts = tuple(options.get("memory", MEMORY_LAYOUTS))
@@ -193,7 +198,9 @@ def _fixed_inputs(prop, ctx: Context) -> list:
             row_offsets=ctx.target.row_offsets,
         )
     if prop.huge and huge_fits(ctx.sizes, ctx.target.device, ctx.dtype):
-        fixed.append(for_interface(huge_case(ctx.dtype, r, call), ctx.target))
+        huge = huge_case(ctx.dtype, r, call)
+        pooled = onto_pool(huge, ctx.sizes, r, large=True)  # past 2^31 elements in the pool's shape too
+        fixed.append(for_interface(pooled if np.prod(pooled.shape) >= np.prod(huge.shape) else huge, ctx.target))
     out = []
     for case in fixed:
         if not _example_fits(options, case) or (ctx.target.row_offsets and not counts_up(case)):
@@ -272,6 +279,11 @@ def _size_inputs(prop, ctx: Context) -> tuple:
         head_dim = head_dim_choices(ctx.target.rotary_dim, ctx.sizes)[0]
         q, k = model_qk_heads(ctx.sizes) if ctx.target.call == "qk" else (max(ctx.sizes.heads), 0)
         model = (q, k, head_dim)
+    elif pool_shapes(ctx.sizes):  # a pooled run: the pool's shape with the most heads
+        qk = ctx.target.call == "qk"
+        shape = max(pool_shapes(ctx.sizes), key=lambda s: s.q_heads if qk else s.heads)
+        head_dim = shape_head_dim(shape, ctx.target.rotary_dim, ctx.sizes)
+        model = (shape.q_heads, shape.k_heads, head_dim) if qk else (shape.heads, 0, head_dim)
     sizes = size_switches.inputs(ctx.dtype, ctx.target.rotary_dim, calls, ctx.max_position, ctx.sizes.production, model)
 
     def dressed(make):

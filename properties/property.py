@@ -139,16 +139,19 @@ class Family:
         return self.range_probe and (not names or RANGE_PROBE in names)
 
 
-def smoke_call(family: Family, target, dtype: str, timeout: Optional[float]) -> Optional[str]:
+def smoke_call(family: Family, target, dtype: str, timeout: Optional[float], launches=None) -> Optional[str]:
     """Call the target on its family's small ordinary inputs. None as soon as one call
     returns (right or wrong: the checks judge that), else why none could. A call that
     hangs raises TargetHung, one that crashes the process CallError ("crashed"), each with
-    the input in its message."""
+    the input in its message. ``launches`` (a ``calling.launches.Recorded``) gets the
+    Triton kernels the calls launched."""
     rope = family.context(target, dtype, timeout).rope
     problems = []
     for item in family.smoke_inputs(target, dtype):
         try:
             item.call(rope)
+            if launches is not None and getattr(rope, "launches", None):
+                launches.add(rope.launches)
             return None
         except CallError as exc:
             if exc.kind in ("crashed", "exited"):

@@ -106,7 +106,7 @@ def check(options):
         if options.debug:
             traceback.print_exc()
         fail(console, f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", records=records)
-    from ropecheck.properties.core.sizes import sizes_lines
+    from ropecheck.properties.core.sizes import pool_line, sizes_lines
 
     target, run = session.target, session.run_options
     console.print(
@@ -115,8 +115,9 @@ def check(options):
         + ("" if target.max_position is None else f", positions 0 .. {target.max_position}")
         + ("" if target.device == "cpu" else f", inputs on {target.device}")
     )
-    for line in sizes_lines(run.sizes, target, session.dtypes):
-        console.print(line)
+    for line in sizes_lines(run.sizes, target, session.dtypes) + [pool_line(session.eager_sizes)]:
+        if line:
+            console.print(line)
     try:
         with progress_bar(console) as progress:
             checks = len(session.rows) + (len(session.modes) - 1) * len(session.properties)  # the range probe once

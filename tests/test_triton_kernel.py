@@ -213,6 +213,7 @@ def test_suite_passes_the_kernel_from_the_cli(tmp_path):
     assert 0 < launched["by_dtype"]["float32"] <= 16, launched
     assert launched["specializations"] == sum(launched["by_dtype"].values())
     assert launched["compiled"] == 0  # interpreted: nothing compiled here
+    assert "Shapes from a pool of 3" in done.stdout  # its warm-up launched Triton: pooled shapes
     line = next(line for line in done.stdout.splitlines() if line.startswith("Triton specializations"))
     assert f"float32 {launched['by_dtype']['float32']}" in line and "rope_kernel" in line
 

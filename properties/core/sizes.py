@@ -28,7 +28,10 @@ class Sizes:
     ``huge``: try one input past 2^31 elements: ``auto`` on a CUDA device, ``yes`` on any,
     where the device and the host have the memory (``huge_plan``); ``no``; ``model``: draw
     one model's shapes (``one_model``), the batch, the sequence, the positions and the
-    values still drawn."""
+    values still drawn; ``pool``: draw the shapes (batch, heads, head size) from a small
+    pool (``POOLS``, ``pool_shapes``) while the sequences, positions, layouts and values
+    stay drawn: ``auto`` for a target whose calls launch Triton kernels (each new shape is
+    a compile on a GPU), ``yes`` for any, ``no`` for none."""
 
     name: str
     head_dims: tuple = (8, 80, 128)
@@ -38,6 +41,11 @@ class Sizes:
     max_elements: int = 2**20
     huge: str = "no"
     model: bool = False
+    pool: str = "auto"
+
+    def pooled(self) -> Sizes:
+        """These sizes drawing their shapes from the pool (``pool=auto`` resolved to yes)."""
+        return replace(self, pool="yes")
 
     @property
     def production(self) -> bool:
@@ -68,6 +76,7 @@ class Sizes:
             + ", "
             f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
             + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else "")
+            + (f", shapes from a pool of {len(pool_shapes(self))}" if pool_shapes(self) and not self.model else "")
         )
 
 
@@ -95,6 +104,60 @@ SIZES = {
     ),
 }
 TOY = SIZES["toy"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape of a run's pool: the batch; x's heads (and a packed input's); q's and k's
+    heads in the (q, k) form; and which of the sizes' head sizes (``pool_head_dim``:
+    ``small``, ``odd`` (not a power of two), ``common``, ``wide``)."""
+
+    batch: int
+    heads: int
+    q_heads: int
+    k_heads: int
+    head: str
+
+
+# The shapes a pooled run draws from. A kernel compiled per shape (Triton specialises on
+# its constexpr batch, head counts and head size, and on whether each integer is 1 or a
+# multiple of 16) compiles a few kernels per shape, not one per draw. Each pool keeps the
+# shape classes the bugs live in: one head; one key head for several query heads (MQA)
+# at a head size that is not a power of two; grouped-query heads (GQA) of the smallest
+# size in a batch of three rows; the common head size. One shape has several rows: a
+# check that calls each row alone (batch-independence) adds that shape at batch 1 only.
+# The smallest head size has the most heads, so that a large input of small heads (a
+# token x head count, ``fixed_cases.onto_pool``) has few tokens, as a kernel's grid and an
+# interpreted kernel's time follow them. Production's pool has Llama's 32 query heads
+# per 8 key heads and the widest head.
+POOLS = {
+    False: (Shape(1, 1, 1, 1, "common"), Shape(1, 2, 6, 1, "odd"), Shape(3, 3, 4, 2, "small")),
+    True: (
+        Shape(1, 8, 32, 8, "common"),
+        Shape(3, 2, 8, 1, "small"),
+        Shape(1, 1, 1, 1, "odd"),
+        Shape(1, 32, 32, 32, "wide"),
+    ),
+}
+
+
+def pool_shapes(sizes: Sizes) -> tuple:
+    """The pool a run draws its shapes from: none unless ``pool=yes`` (one model's sizes
+    draw their own one shape); the production pool at production sizes."""
+    return POOLS[sizes.production] if sizes.pool == "yes" and not sizes.model else ()
+
+
+def pool_head_dim(kind: str, head_dims) -> int:
+    """The head size of a pool's ``kind`` among ``head_dims``: the smallest, the widest
+    that is not a power of two (a kernel pads it to a block: 80 at the toy sizes, 192 at
+    production; else the smallest), the common one, the widest."""
+    if kind == "small":
+        return min(head_dims)
+    if kind == "odd":
+        return max((d for d in head_dims if d & (d - 1)), default=min(head_dims))
+    if kind == "common":
+        return common_head_dim(head_dims)
+    return max(head_dims)
 
 
 def _positive_ints(key: str, text: str) -> tuple:
@@ -126,6 +189,10 @@ def parse(spec: str) -> Sizes:
         if key == "huge":
             if value not in ("auto", "yes", "no"):
                 raise ValueError(f"--sizes huge: auto, yes or no, got {value!r}")
+            parsed = value
+        elif key == "pool":
+            if value not in ("auto", "yes", "no"):
+                raise ValueError(f"--sizes pool: auto, yes or no, got {value!r}")
             parsed = value
         elif key == "model":
             if value not in ("yes", "no"):
@@ -196,6 +263,18 @@ def huge_plan(sizes: Sizes, device: str, dtype: str) -> tuple[bool, str]:
     if short:
         return False, f"{what}: not tried: " + "; ".join(short)
     return True, f"{what}: tried by reference, compared in chunks"
+
+
+def pool_line(sizes: Sizes) -> str:
+    """What a run's header says of a pool it draws from ("" when it draws freely)."""
+    pool = pool_shapes(sizes)
+    if not pool:
+        return ""
+    shown = ", ".join(f"{s.batch}x{s.q_heads}/{s.k_heads} {s.head}" for s in pool)
+    return (
+        f"Shapes from a pool of {len(pool)} (batch x q/k heads, head size: {shown}): "
+        "the target launches Triton kernels, a compile per shape on a GPU; --sizes ...,pool=no draws freely"
+    )
 
 
 def huge_fits(sizes: Sizes, device: str, dtype: str) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from ropecheck.properties.core.contract import segment_lengths
-from ropecheck.properties.core.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim
+from ropecheck.properties.core.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim, pool_head_dim, pool_shapes
 from ropecheck.properties.inputs.cases import Case
 from ropecheck.properties.inputs.strategies import (
     FREE_HEAD_DIMS,
@@ -163,6 +163,61 @@ def for_model(case: Case, sizes: Sizes, rotary_dim: int | None, layouts: tuple) 
         layouts = packed_layouts(layouts)
     case = replace(case, head_dim=head_dim, memory=layouts[0], k_memory="")
     return within(case, max_position_for(head_dim), keep_rows=True)
+
+
+def _relation(heads: int, k_heads: int) -> str:
+    """How a (q, k) input's heads relate: k=None, one head each, one key head for
+    several query heads (MQA), as many (MHA), or grouped (GQA)."""
+    if not k_heads:
+        return "none"
+    if heads == 1:
+        return "single"
+    return "one" if k_heads == 1 else "all" if k_heads == heads else "grouped"
+
+
+def onto_pool(case: Case, sizes: Sizes, rotary_dim: int | None, large: bool = False) -> Case:
+    """A fixed input in a pooled run (``Sizes.pool``), in a shape of the pool: its heads
+    (k=None stays) and head size, the input's layout. A small input goes to a shape with
+    room for its rows, whose heads relate as its own do (MQA, GQA, one head), of the
+    nearest head size (in that order of preference); it keeps its rows (their positions
+    are its point: clipped to the head size's table budget), repeated up to the shape's
+    batch. A large one goes to the shape of the nearest head size (of those, the one
+    with the most heads), takes the shape's batch and keeps its token x head product
+    (what a size switch sees), each row counting up from a start of its rows (moved
+    down into the budget); a packed one keeps its sequences."""
+    pool = pool_shapes(sizes)
+    if not pool:
+        return case
+    dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
+    qk = case.call == "qk"
+
+    def heads_of(s) -> tuple:
+        return (s.q_heads, s.k_heads) if qk else (s.heads, 0)
+
+    def relation(heads: int, k_heads: int) -> str:
+        return _relation(heads, k_heads) if qk else "single" if heads == 1 else "several"
+
+    def near(s) -> tuple:
+        distance = abs(pool_head_dim(s.head, dims) - case.head_dim)
+        related = relation(*heads_of(s)) == relation(case.heads, case.k_heads)
+        return (distance, -sum(heads_of(s))) if large else (s.batch < case.batch, not related, distance)
+
+    shape = min(pool, key=near)
+    heads, k_heads = heads_of(shape)
+    out = replace(case, heads=heads, head_dim=pool_head_dim(shape.head, dims))
+    if case.call == "qk":
+        out = replace(out, k_heads=k_heads if case.k_heads else 0)
+    if not large and case.call != "packed" and shape.batch > case.batch:  # its rows again, as more rows
+        out = replace(
+            out, batch=shape.batch, positions=tuple(case.positions[b % case.batch] for b in range(shape.batch))
+        )
+    if large and case.call != "packed":
+        first = case.positions_array()[:, 0]
+        tokens = -(-case.batch * case.seq * (case.heads + case.k_heads) // (shape.batch * (heads + out.k_heads)))
+        starts = [int(first[b % len(first)]) + (b // len(first)) * tokens for b in range(shape.batch)]
+        grid = tuple(tuple(range(o, o + tokens)) for o in starts)
+        out = replace(out, batch=shape.batch, seq=tokens, positions=grid)
+    return within(out, max_position_for(out.head_dim), keep_rows=large)
 
 
 def huge_case(dtype: str, rotary_dim: int | None = None, call: str = "x") -> Case:

@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import strategies as st
 
-from ropecheck.properties.core.sizes import TOY, Sizes, common_head_dim
+from ropecheck.properties.core.sizes import TOY, Shape, Sizes, common_head_dim, pool_head_dim, pool_shapes
 from ropecheck.properties.inputs.cases import GRAD_LAYOUTS, MEMORY_LAYOUTS, Case
 
 MAX_POSITION = 2**24
@@ -65,6 +65,12 @@ def head_dim_choices(rotary_dim: int | None = None, sizes: Sizes = TOY) -> tuple
     r, ``partial_head_dims(r)``; one model's (``Sizes.one_model``): the common one of them."""
     dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
     return (common_head_dim(dims),) if sizes.model else tuple(dims)
+
+
+def shape_head_dim(shape: Shape, rotary_dim: int | None = None, sizes: Sizes = TOY) -> int:
+    """The head size of a pool's shape at these sizes (with a partial rotary dimension r,
+    among the head sizes models pair with r)."""
+    return pool_head_dim(shape.head, sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim))
 
 
 def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStrategy[int]:
@@ -240,9 +246,15 @@ def _cases(
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
     if call == "packed":
         return draw(_packed_cases(dtype, rotary_dim, min_seq, max_position, memory, positions, sizes, longest))
-    batch = draw(st.integers(min_batch, max(min_batch, 3)))
+    pool = tuple(s for s in pool_shapes(sizes) if s.batch >= min_batch) or pool_shapes(sizes)
+    shape = draw(st.sampled_from(pool)) if pool else None
+    batch = max(shape.batch, min_batch) if shape else draw(st.integers(min_batch, max(min_batch, 3)))
     seq = draw(sequence_lengths(min_seq, longest))
-    if call == "x":
+    if shape is not None:
+        heads, kv = (shape.heads, 0) if call == "x" else (shape.q_heads, shape.k_heads)
+        if call == "qk" and k_optional:
+            kv = draw(st.sampled_from((kv, 0)))
+    elif call == "x":
         heads, kv = draw(_heads(sizes.heads)), 0
     elif sizes.model:
         heads, kv = model_qk_heads(sizes)
@@ -250,7 +262,7 @@ def _cases(
         heads, kv = draw(grouped_heads(sizes.ratios, k_optional))
     else:  # k's heads drawn last (below), as runs before production sizes drew them
         heads, kv = draw(st.sampled_from(Q_HEADS)), None
-    head_dim = draw(head_dims(rotary_dim, sizes))
+    head_dim = shape_head_dim(shape, rotary_dim, sizes) if shape else draw(head_dims(rotary_dim, sizes))
     seq = fitted_seq(seq, min_seq, batch * (heads + (heads if kv is None else kv)) * head_dim, sizes)
     limit = min(max_position, max_position_for(head_dim))
     grid = draw(position_grids(batch, seq, limit, row_offsets)) if positions else np.zeros((batch, seq), dtype=np.int64)
@@ -335,7 +347,9 @@ def packed_lengths(min_total: int, max_seq: int = 24) -> st.SearchStrategy[list]
 
 @st.composite
 def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positions, sizes=TOY, max_seq=24) -> Case:
-    head_dim = draw(head_dims(rotary_dim, sizes))
+    pool = pool_shapes(sizes)
+    shape = draw(st.sampled_from(pool)) if pool else None
+    head_dim = shape_head_dim(shape, rotary_dim, sizes) if shape else draw(head_dims(rotary_dim, sizes))
     limit = min(max_position, max_position_for(head_dim))
     if positions:
         lengths = draw(packed_lengths(min_seq, max_seq))
@@ -347,7 +361,7 @@ def _packed_cases(draw, dtype, rotary_dim, min_seq, max_position, memory, positi
         lengths = [min(n, 1) for n in draw(packed_lengths(1))]
         lengths += [1] * max(min_seq - sum(lengths), 0)
         starts = [0] * len(lengths)
-    heads = draw(_heads(sizes.heads))
+    heads = shape.heads if shape else draw(_heads(sizes.heads))
     lengths = cut_lengths(lengths, min_seq, heads * head_dim, sizes)
     row = np.concatenate([o + np.arange(n, dtype=np.int64) for o, n in zip(starts, lengths)])
     usable = packed_layouts(memory)

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 from hypothesis import strategies as st
 
-from ropecheck.properties.core.sizes import TOY, Sizes
+from ropecheck.properties.core.sizes import TOY, Sizes, pool_shapes
 from ropecheck.properties.inputs.cases import MEMORY_LAYOUTS, Case
 from ropecheck.properties.inputs.strategies import (
     BOUNDARIES,
@@ -36,6 +36,7 @@ from ropecheck.properties.inputs.strategies import (
     scales,
     scattered_positions,
     sequence_lengths,
+    shape_head_dim,
 )
 from ropecheck.properties.interfaces.space import NOT_APPLICABLE, Factor, Rule, Space, both_ways, value_class
 
@@ -256,6 +257,22 @@ def _qk_heads(kind: Optional[str], pick, sizes: Sizes) -> tuple:
     return q, pick.sample(tuple(d for d in range(2, q) if q % d == 0))
 
 
+def _pool_shape(pool: tuple, pick, form: str, kind: str, several: bool):
+    """A pooled run's shape (``Sizes.pool``) for an input of the row's classes: one whose
+    heads relate as the row's key class says (one key head, grouped, all; any for none)
+    and whose batch is several or one as the row says, as near as the pool has; None
+    where the run is not pooled."""
+    if not pool:
+        return None
+
+    def relates(shape) -> bool:
+        q, k = shape.q_heads, shape.k_heads
+        return form != "qk" or kind == "none" or {"one": k == 1, "all": k == q, "grouped": 1 < k < q}.get(kind, True)
+
+    related = [shape for shape in pool if relates(shape)] or list(pool)
+    return pick.sample(tuple(shape for shape in related if (shape.batch > 1) == several) or tuple(related))
+
+
 def _starts(count: int, limit: int, pattern: str, pick) -> list:
     """The first position of ``count`` sequences, each fitting ``limit``."""
     if pattern == "zero":
@@ -290,12 +307,17 @@ def realize(
     heads and its first memory layout, as a compiled model is handed them."""
     s = settings(space, row)
     form = s.get("call", call)
-    head_dim = pick.sample(head_dim_choices(rotary_dim, sizes))
+    several = s.get("batch") == "several"
+    shape = _pool_shape(pool_shapes(sizes), pick, form, s.get("k", "one"), several)
+    head_dim = shape_head_dim(shape, rotary_dim, sizes) if shape else pick.sample(head_dim_choices(rotary_dim, sizes))
     limit = min(max_position, max_position_for(head_dim))
     longest = max(1, min(sizes.max_seq, max_seq or sizes.max_seq))
-    several = s.get("batch") == "several"
     tokens = s.get("seq") == "several" or min_seq > 1
-    if form == "qk":
+    if shape is not None:
+        heads, k_heads = (
+            (shape.q_heads, 0 if s.get("k") == "none" else shape.k_heads) if form == "qk" else (shape.heads, 0)
+        )
+    elif form == "qk":
         heads, k_heads = _qk_heads(s.get("k", "one"), pick, sizes)
     else:
         heads, k_heads = pick.sample(sizes.heads), 0
@@ -311,7 +333,10 @@ def realize(
         allowed: tuple = PACKED_MEMORY
     else:
         lengths = []
-        batch = pick.integer(2, 3) if several else 1
+        if shape is not None and (shape.batch > 1) == several:
+            batch = shape.batch
+        else:
+            batch = pick.integer(2, 3) if several else 1
         seq = fitted_seq(pick.seq(max(2, min_seq), longest) if tokens else 1, min_seq, batch * width, sizes)
         if pattern == "scattered":
             grid = pick.scattered(batch * seq, limit).reshape(batch, seq)

@@ -10,6 +10,7 @@ import numpy as np
 from rich.markup import escape
 
 from ropecheck.calling import modes as run_modes
+from ropecheck.calling.launches import Recorded
 from ropecheck.properties.core.contract import CallError, TargetHung
 from ropecheck.properties.core.dtypes import canonical
 from ropecheck.properties.property import FamilyError, smoke_call
@@ -25,7 +26,9 @@ WARM_UP_ORDER = ("bfloat16", "float16", "float64", "float32")
 WARM_UP_SHARE = 0.25  # of the call limit, for a warm-up call in a dtype the run does not check
 
 
-def warm_up(target: Target, requested=(), timeout: Optional[float] = None, crashes: Optional[dict] = None) -> dict:
+def warm_up(
+    target: Target, requested=(), timeout: Optional[float] = None, crashes: Optional[dict] = None, launches=None
+) -> dict:
     """Smoke-call the target in every dtype it declares, lowest precision first, then in
     the ``requested`` dtypes, before any check: a target that keeps state from its first
     call (a cos/sin cache built in that call's dtype, say) is then checked in the state a
@@ -38,7 +41,8 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None, crash
     limit: past it the call is abandoned (the worker restarted, the dtype left out) and the
     requested dtypes keep the whole limit, so a target that hangs in every dtype is
     reported within 1 + WARM_UP_SHARE call limits. A target that takes no tensors (a
-    position builder, dtype "-") has nothing to warm up."""
+    position builder, dtype "-") has nothing to warm up. ``launches`` (a
+    ``calling.launches.Recorded``) gets the Triton kernels the calls launched."""
     family = family_of(target)
     others = [d for d in WARM_UP_ORDER if d in target.dtypes and d not in requested]
     problems: dict = {}
@@ -46,7 +50,7 @@ def warm_up(target: Target, requested=(), timeout: Optional[float] = None, crash
     for group, limit in ((others, warm_up_limit), ([d for d in WARM_UP_ORDER if d in requested], timeout)):
         for position, dtype in enumerate(group):
             try:
-                problems[dtype] = smoke_call(family, target, dtype, limit)
+                problems[dtype] = smoke_call(family, target, dtype, limit, launches)
             except CallError as crash:
                 problems[dtype] = None
                 if crashes is not None:
@@ -135,7 +139,8 @@ def prepare(
         dtype_list, explicit = resolve_dtypes(options.dtypes, built)
         notify(header(built, options))
         crashes: dict = {}
-        problems = warm_up(built, dtype_list, options.timeout, crashes)
+        launched = Recorded()
+        problems = warm_up(built, dtype_list, options.timeout, crashes, launched)
         usable, unsupported = [], {}
         for dtype in dtype_list:
             problem = problems.get(dtype)
@@ -173,4 +178,5 @@ def prepare(
         range_probe=family.probes_range(options.properties or ()),
         modes=list(options.modes),
         options=options,
+        compiles_per_shape=bool(launched.keys),
     )

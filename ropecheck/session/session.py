@@ -18,6 +18,7 @@ from ropecheck.calling.launches import Recorded
 from ropecheck.properties import position_range
 from ropecheck.properties.core.contract import TargetHung
 from ropecheck.properties.core.dtypes import torch_dtype
+from ropecheck.properties.core.sizes import Sizes
 from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck.properties.property import RANGE_PROBE, Property
 from ropecheck.properties.runner import Result, RunOptions, run_property
@@ -111,6 +112,16 @@ class Session:
     ranges: dict = field(default_factory=dict)  # dtype -> the target restricted to its accepted range
     # the comparison with a baseline record (ropecheck.report.baseline), set by the front door
     comparison: Optional[Any] = None
+    # its warm-up launched Triton kernels: each new shape is a compile on a GPU, so the
+    # checks draw their shapes from a pool (``Sizes.pool``, ``--sizes ...,pool=auto``)
+    compiles_per_shape: bool = False
+
+    @property
+    def eager_sizes(self) -> Sizes:
+        """The sizes the checks outside the one-model modes draw at: the run's, from the
+        pool (``Sizes.pool``) where it says auto and the target compiles per shape."""
+        sizes = self.run_options.drawn_sizes
+        return sizes.pooled() if sizes.pool == "auto" and self.compiles_per_shape else sizes
 
     @property
     def rows(self) -> list[str]:
@@ -163,6 +174,8 @@ class Session:
         options = self.run_options
         if mode in run_modes.ONE_MODEL_MODES:
             options = replace(options, sizes=options.drawn_sizes.one_model())
+        else:
+            options = replace(options, sizes=self.eager_sizes)
         result = run_property(prop, run_in, dtype, options, reproduce_hint=self.reproduce(prop.name, mode, dtype))
         result.mode = mode
         return result
