@@ -16,15 +16,8 @@ import torch
 
 import ropecheck.reference as reference
 from ropecheck.properties.core.contract import CallError
-from ropecheck.properties.core.sizes import pool_shapes
 from ropecheck.properties.inputs.cases import Case, as_float64
-from ropecheck.properties.inputs.strategies import (
-    FREE_HEAD_DIMS,
-    MAX_POSITION,
-    head_dim_choices,
-    max_position_for,
-    shape_head_dim,
-)
+from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION, head_dim_choices, max_position_for
 
 SWEEP_HEADS = 4
 
@@ -50,10 +43,7 @@ def accuracy_sweep(ctx) -> dict:
     convention = ctx.convention
     if ctx.sizes.model:  # one model's head size and heads (a compiled model is handed no other)
         head_dim, heads = head_dim_choices(ctx.target.rotary_dim, ctx.sizes)[0], max(ctx.sizes.heads)
-    elif pool_shapes(ctx.sizes):  # a pooled run: the pool's first shape of one row
-        shape = next((s for s in pool_shapes(ctx.sizes) if s.batch == 1), pool_shapes(ctx.sizes)[0])
-        head_dim, heads = shape_head_dim(shape, ctx.target.rotary_dim, ctx.sizes), shape.heads
-    else:
+    else:  # a pooled run's too: one call, at the smallest head size, whose table budget reaches 2^24
         head_dim, heads = ctx.target.rotary_dim or FREE_HEAD_DIMS[0], SWEEP_HEADS
     positions = sweep_positions(min(max_position_for(head_dim), ctx.max_position))[None, :].copy()  # strides of its own
     case = Case(ctx.dtype, 1, positions.shape[1], heads, head_dim, tuple(map(tuple, positions.tolist())), seed=12345)
