@@ -148,7 +148,7 @@ def test_a_kernel_compiled_per_shape_compiles_a_few_kernels_per_pool_shape():
     warm-up's and the position-range probe's one-head inputs: at most its 3 integer
     classes x forward and backward per shape. Free draws give it six times as many: the
     test fails when a change multiplies them. (liger-kernel, which specializes so, counts
-    14 in bfloat16 at the ci profile, 113 with free draws: docs/gpu.md.)"""
+    15 in bfloat16 at the ci profile, 113 with free draws: docs/gpu.md.)"""
     pooled = _shape_keys("toy,pool=yes")["float32"]
     shapes = {(s.batch, s.q_heads, s.k_heads, pool_head_dim(s.head, TOY.head_dims)) for s in pool_shapes(TOY.pooled())}
     outside = {key[:4] for key in pooled} - shapes
