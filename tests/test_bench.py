@@ -49,11 +49,28 @@ def bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+# What the bench says when the machine's speed changed during a row (another process's
+# load): its evidence is disturbed, and a test that needs settled evidence runs again,
+# with a longer sampling budget, as a user would.
+DISTURBED = ("the machine's speed changed", "inconclusive", "before the median settled")
+
+
+def settled_bench(*args: str) -> subprocess.CompletedProcess:
+    done = bench(*args)
+    if done.returncode == 0 and any(line in done.stdout for line in DISTURBED):
+        longer = [*args[: args.index("--budget") + 1], "10", *args[args.index("--budget") + 2 :]]
+        done = bench(*longer)
+    return done
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bench") / "rope.json"
     done = bench(f"{KERNELS}:rope", *ROW, "--json", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
+    if len(json.loads(path.read_text())["benchmarks"][0]["extra_info"]["ratios"]) < 5:  # a loaded machine
+        done = bench(f"{KERNELS}:rope", *SHOWN, "--json", str(path))
+        assert done.returncode == 0, done.stdout + done.stderr
     return path
 
 
@@ -121,14 +138,14 @@ def test_the_same_kernel_passes_its_own_baseline(tmp_path: Path):
 
 
 def test_one_extra_pass_over_q_fails_the_gate(tmp_path: Path):
-    done = bench(f"{KERNELS}:rope_extra_pass", *SHOWN, *GATE, "--baseline", str(_fresh_baseline(tmp_path)))
+    done = settled_bench(f"{KERNELS}:rope_extra_pass", *SHOWN, *GATE, "--baseline", str(_fresh_baseline(tmp_path)))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "slower" in done.stdout and "BENCH FAILED" in done.stdout
 
 
 def test_against_another_kernel_in_the_same_run():
     # interleaved in one run, both arms see the same load: the default 10 % threshold
-    done = bench(f"{KERNELS}:rope_extra_pass", *SHOWN, "--against", f"{KERNELS}:rope")
+    done = settled_bench(f"{KERNELS}:rope_extra_pass", *SHOWN, "--against", f"{KERNELS}:rope")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "slower" in done.stdout
 
