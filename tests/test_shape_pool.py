@@ -146,7 +146,7 @@ def test_a_kernel_compiled_per_shape_compiles_a_few_kernels_per_pool_shape():
     """The bound of issue 44, by design: a pooled ci run calls a kernel that specializes on
     its whole shape (batch, heads, head size) in the pool's shapes only, besides the
     warm-up's, the position-range probe's and the accuracy sweep's inputs: at most its 3 integer
-    classes x forward and backward per shape. Free draws give it six times as many: the
+    classes x forward and backward per shape. Free draws give it several times as many: the
     test fails when a change multiplies them. (liger-kernel, which specializes so, counts
     15 in bfloat16 at the ci profile, 113 with free draws: docs/gpu.md.)"""
     pooled = _shape_keys("toy,pool=yes")["float32"]
@@ -157,7 +157,7 @@ def test_a_kernel_compiled_per_shape_compiles_a_few_kernels_per_pool_shape():
     assert outside <= {(1, 1, 1, 8), (1, 3, 1, 8)}, outside
     assert len(pooled) <= 3 * 2 * len(shapes) + 3, sorted(pooled)
     free = _shape_keys("toy,pool=no")["float32"]
-    assert len(free) > 6 * len(pooled)
+    assert len(free) > 4 * len(pooled)
 
 
 def test_a_pooled_run_still_sees_a_row_that_depends_on_the_others():
