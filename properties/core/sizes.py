@@ -76,7 +76,7 @@ class Sizes:
             + ", "
             f"seq up to {self.max_seq}, heads {'/'.join(map(str, self.heads))}"
             + (f", q/k ratios {'/'.join(map(str, self.ratios))}" if self.ratios else "")
-            + (f", shapes from a pool of {len(pool_shapes(self))}" if pool_shapes(self) and not self.model else "")
+            + (f", shapes from a pool of {len(pool_shapes(self))}" if pool_shapes(self) else "")
         )
 
 

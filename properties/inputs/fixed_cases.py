@@ -10,18 +10,20 @@ from dataclasses import replace
 import numpy as np
 
 from ropecheck.properties.core.contract import segment_lengths
-from ropecheck.properties.core.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim, pool_head_dim, pool_shapes
+from ropecheck.properties.core.sizes import HUGE_ELEMENTS, TOY, Sizes, common_head_dim, pool_shapes
 from ropecheck.properties.inputs.cases import Case
 from ropecheck.properties.inputs.strategies import (
     FREE_HEAD_DIMS,
     PACKED_MEMORY,
     fitted_seq,
     head_dim_choices,
+    heads_relation,
     max_position_for,
     model_qk_heads,
     packed_layouts,
     partial_head_dims,
     scales,
+    shape_head_dim,
 )
 
 
@@ -165,16 +167,6 @@ def for_model(case: Case, sizes: Sizes, rotary_dim: int | None, layouts: tuple) 
     return within(case, max_position_for(head_dim), keep_rows=True)
 
 
-def _relation(heads: int, k_heads: int) -> str:
-    """How a (q, k) input's heads relate: k=None, one head each, one key head for
-    several query heads (MQA), as many (MHA), or grouped (GQA)."""
-    if not k_heads:
-        return "none"
-    if heads == 1:
-        return "single"
-    return "one" if k_heads == 1 else "all" if k_heads == heads else "grouped"
-
-
 def onto_pool(case: Case, sizes: Sizes, rotary_dim: int | None, large: bool = False) -> Case:
     """A fixed input in a pooled run (``Sizes.pool``), in a shape of the pool: its heads
     (k=None stays) and head size, the input's layout. A small input goes to a shape with
@@ -188,23 +180,22 @@ def onto_pool(case: Case, sizes: Sizes, rotary_dim: int | None, large: bool = Fa
     pool = pool_shapes(sizes)
     if not pool:
         return case
-    dims = sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim)
     qk = case.call == "qk"
 
     def heads_of(s) -> tuple:
         return (s.q_heads, s.k_heads) if qk else (s.heads, 0)
 
     def relation(heads: int, k_heads: int) -> str:
-        return _relation(heads, k_heads) if qk else "single" if heads == 1 else "several"
+        return heads_relation(heads, k_heads) if qk else "single" if heads == 1 else "several"
 
     def near(s) -> tuple:
-        distance = abs(pool_head_dim(s.head, dims) - case.head_dim)
+        distance = abs(shape_head_dim(s, rotary_dim, sizes) - case.head_dim)
         related = relation(*heads_of(s)) == relation(case.heads, case.k_heads)
         return (distance, -sum(heads_of(s))) if large else (s.batch < case.batch, not related, distance)
 
     shape = min(pool, key=near)
     heads, k_heads = heads_of(shape)
-    out = replace(case, heads=heads, head_dim=pool_head_dim(shape.head, dims))
+    out = replace(case, heads=heads, head_dim=shape_head_dim(shape, rotary_dim, sizes))
     if case.call == "qk":
         out = replace(out, k_heads=k_heads if case.k_heads else 0)
     if not large and case.call != "packed" and shape.batch > case.batch:  # its rows again, as more rows

@@ -73,6 +73,16 @@ def shape_head_dim(shape: Shape, rotary_dim: int | None = None, sizes: Sizes = T
     return pool_head_dim(shape.head, sizes.head_dims if rotary_dim is None else partial_head_dims(rotary_dim))
 
 
+def heads_relation(heads: int, k_heads: int) -> str:
+    """How a (q, k) input's heads relate: k=None, one head each, one key head for several
+    query heads (MQA), as many (MHA), or grouped (GQA)."""
+    if not k_heads:
+        return "none"
+    if heads == 1:
+        return "single"
+    return "one" if k_heads == 1 else "all" if k_heads == heads else "grouped"
+
+
 def head_dims(rotary_dim: int | None = None, sizes: Sizes = TOY) -> st.SearchStrategy[int]:
     return st.sampled_from(head_dim_choices(rotary_dim, sizes))
 

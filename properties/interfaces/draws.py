@@ -30,6 +30,7 @@ from ropecheck.properties.inputs.strategies import (
     PACKED_MEMORY,
     fitted_seq,
     head_dim_choices,
+    heads_relation,
     max_position_for,
     model_qk_heads,
     offsets,
@@ -265,9 +266,9 @@ def _pool_shape(pool: tuple, pick, form: str, kind: str, several: bool):
     if not pool:
         return None
 
-    def relates(shape) -> bool:
-        q, k = shape.q_heads, shape.k_heads
-        return form != "qk" or kind == "none" or {"one": k == 1, "all": k == q, "grouped": 1 < k < q}.get(kind, True)
+    def relates(shape) -> bool:  # one head each is both one key head and as many
+        relation = heads_relation(shape.q_heads, shape.k_heads)
+        return form != "qk" or kind in ("none", relation) or (relation == "single" and kind in ("one", "all"))
 
     related = [shape for shape in pool if relates(shape)] or list(pool)
     return pick.sample(tuple(shape for shape in related if (shape.batch > 1) == several) or tuple(related))
