@@ -378,3 +378,45 @@ IDENTIFY += [f"{ND_ID}:{kernel} --family nd --axes {axes}" for kernel, axes in [
     ("mrope_toy_axes_swapped", 3),  # a rotation no family declares: a pair table
     ("axial_summed_positions", 2),  # the seed's R_{x+y}: pairs turn with both axes, refused
 ]]
+
+# fused QK-RMSNorm + RoPE (issue 45): kernels in vLLM's and SGLang's fused_qk_norm_rope
+# signatures, the correct ones beside the real defects (tests/qk_norm_kernels.py)
+_QKN = "tests/qk_norm_kernels.py"
+for _name, _flags in {
+    "vllm_correct": ["--api", "vllm-qk-norm-rope"],
+    "vllm_writes_v": ["--api", "vllm-qk-norm-rope"],
+    "vllm_k_uses_q_weight": ["--api", "vllm-qk-norm-rope"],
+    "vllm_no_eps": ["--api", "vllm-qk-norm-rope"],
+    "vllm_norm_after_rotation": ["--api", "vllm-qk-norm-rope"],
+    "vllm_rotary_dim_ignored": ["--api", "vllm-qk-norm-rope", "--rotary-dim", "32"],
+    "vllm_partial_neox_chunks": ["--api", "vllm-qk-norm-rope", "--rotary-dim", "32"],
+    "sglang_correct": ["--api", "sglang-qk-norm-rope"],
+    "sglang_attention_factor_ignored": ["--api", "sglang-qk-norm-rope", "--scaling",
+                                        "yarn:factor=4,original_max_position_embeddings=4096"],
+}.items():
+    CHECKS[f"qk-norm-{_name.replace('_', '-')}"] = [f"{_QKN}:{_name}", *_flags, *HALF, *F32_BF16]
+CHECKS["qk-norm-vllm-correct-partial-interleaved"] = [f"{_QKN}:vllm_correct", "--api", "vllm-qk-norm-rope",
+                                                      "--layout", "interleaved", "--rotary-dim", "32", *F32_BF16]
+
+# M-RoPE through the serving presets (issue 45): positions (3, T), text, image and video
+# tokens, chunked and interleaved sections (tests/mrope_serving_kernels.py)
+_MRS = "tests/mrope_serving_kernels.py"
+_QWEN2VL_S = ["--family", "mrope", "--sections", "16,24,24", "--base", "1000000"]
+_QWEN3VL_S = ["--family", "mrope", "--sections", "24,20,20", "--mrope-interleaved", "--base", "5000000"]
+for _name, _flags in {
+    "vllm_correct": ["--api", "vllm", *_QWEN2VL_S],
+    "vllm_correct-interleaved": ["--api", "vllm", *_QWEN3VL_S],
+    "flashinfer_correct": ["--api", "flashinfer-cos-sin-cache", *_QWEN2VL_S],
+    "vllm_kv_correct": ["--api", "vllm-kvcache", *_QWEN2VL_S],
+    "sglang_kv_correct": ["--api", "sglang-kvcache", *_QWEN3VL_S],
+    "qk_norm_correct": ["--api", "vllm-qk-norm-rope", *_QWEN3VL_S],
+    "sglang_correct": ["--api", "sglang-mrope", *_QWEN2VL_S],
+    "vllm_temporal_row_only": ["--api", "vllm", *_QWEN2VL_S],
+    "sglang_temporal_row_only": ["--api", "sglang-mrope", *_QWEN3VL_S],
+    "sglang_kv_temporal_row_only": ["--api", "sglang-kvcache", *_QWEN2VL_S],
+    "qk_norm_temporal_row_only": ["--api", "vllm-qk-norm-rope", *_QWEN3VL_S],
+    "vllm_token_count_from_numel": ["--api", "vllm", *_QWEN2VL_S],
+    "vllm_interleaved_selector": ["--api", "vllm", *_QWEN3VL_S, "--dtype", "float32"],
+}.items():
+    _kernel = _name.split("-")[0]
+    CHECKS[f"mrope-serving-{_name.replace('_', '-')}"] = [f"{_MRS}:{_kernel}", *_flags]

@@ -20,6 +20,8 @@ from ropecheck.properties.core.sizes import TOY, Sizes
 from ropecheck.properties.registry import property_registry
 from ropecheck.properties.tolerance import ErrorModel
 
+NORM_HEAD_DIM = 576  # the widest head a norm before the rotation is judged at when no input says (MLA's)
+
 
 @dataclass
 class FamilyContext:
@@ -33,7 +35,8 @@ class FamilyContext:
     timeout: Optional[float] = 20.0
     sizes: Sizes = TOY  # the sizes its inputs are drawn at (properties.core.sizes)
     rope: Any = field(init=False)
-    models: dict = field(init=False, default_factory=dict)  # fp8 format ("" none) -> its ErrorModel
+    # (fp8 format ("" none), a norm's head size (0 none)) -> its ErrorModel
+    models: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.rope = self.target.caller(self.timeout)
@@ -44,18 +47,23 @@ class FamilyContext:
         interface is fed and the fp8 format it quantizes this input's outputs to (its
         ``quantize_dtype`` choice: ``interface.Interface.output_format``)."""
         interface = getattr(self.target, "interface", None)
-        choices = getattr(getattr(self.rope, "case", None), "choices", ()) or ()
+        case = getattr(self.rope, "case", None)
+        choices = getattr(case, "choices", ()) or ()
         quantized = interface.output_format(choices) if interface is not None else ""
-        if quantized not in self.models:
+        # a norm before the rotation reduces over the head: its error grows with the head size
+        # (the largest a run draws where no input is being checked)
+        norm = (getattr(case, "head_dim", 0) or NORM_HEAD_DIM) if getattr(interface, "norm", "") else 0
+        if (quantized, norm) not in self.models:
             table = getattr(interface, "table", None)
-            self.models[quantized] = ErrorModel(
+            self.models[quantized, norm] = ErrorModel(
                 self.dtype,
                 extra_ops=self.extra_ops(),
                 table_kind=table.kind if table is not None else "",
                 table_dtype=table.dtype_for(self.dtype) if table is not None else "",
                 quantized=quantized,
+                norm_features=norm,
             )
-        return self.models[quantized]
+        return self.models[quantized, norm]
 
     def extra_ops(self) -> int:
         """Operations of the compute dtype the family's outputs take beyond a rotation."""

@@ -55,6 +55,13 @@ by two independent effects:
    Saturation is no error: no drawn input reaches the format's maximum (the
    ``fp8-saturation`` property checks the values past it).
 
+5. An RMSNorm before the rotation (a fused QK-norm + RoPE interface,
+   ``properties.core.normalization``; the checks read the rotation of the normalised head):
+   the raw head's rounding and the canonical view's, 2u, and the norm's float32 reduction
+   over the head's D features and its scale, (D / 2 + 3) u32, per unit of rho, added to the
+   arithmetic and to the pass-through features; a raw element in the dtype's subnormals
+   adds half their spacing times |w| / s to the floor.
+
 The full bound per element is rho * (K_OPS u + dphi_i) + K_OPS * subnormal_spacing (the
 absolute floor for results that underflow), plus a quantized output's terms. Errors are
 reported normalised by this bound: a value <= 1 passes. The *strict* bound drops the
@@ -74,6 +81,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ropecheck.properties.core import normalization
 from ropecheck.properties.core.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, canonical
 from ropecheck.properties.core.quantization import FORMATS
 
@@ -94,6 +102,7 @@ class ErrorModel:
     table_kind: str = ""
     table_dtype: str = ""
     quantized: str = ""  # the fp8 format its outputs are quantized to ("" none)
+    norm_features: int = 0  # an RMSNorm before the rotation: the head size it reduces over (0 none)
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical(self.dtype))
@@ -130,6 +139,11 @@ class ErrorModel:
         return FORMATS[self.quantized].unit + 2.0 * self.unit if self.quantized else 0.0
 
     @property
+    def norm_unit(self) -> float:
+        """Relative error an RMSNorm before the rotation adds (0: none)."""
+        return normalization.unit(self.dtype, self.norm_features) if self.norm_features else 0.0
+
+    @property
     def quantization_floor_unit(self) -> float:
         """The quantization floor per unit of a head vector's root mean square (per
         element) or norm (per head vector): u8 (0: not quantized)."""
@@ -139,12 +153,14 @@ class ErrorModel:
     def output_unit(self) -> float:
         """Relative error of a feature that passes through: one rounding to the output
         dtype, or a quantized output's product, fp8 rounding and dequantization."""
-        return self.quantization_unit or UNIT_ROUNDOFF[self.dtype]
+        return (self.quantization_unit or UNIT_ROUNDOFF[self.dtype]) + self.norm_unit
 
     @property
     def floor(self) -> float:
-        """Absolute error allowed for results that underflow into subnormals."""
-        return self.ops * SUBNORMAL_SPACING[self.dtype]
+        """Absolute error allowed for results that underflow into subnormals (and raw
+        elements of a norm's input that do)."""
+        norm = normalization.floor(self.dtype) if self.norm_features else 0.0
+        return self.ops * SUBNORMAL_SPACING[self.dtype] + norm
 
     def quantization_floor(self, x64) -> np.ndarray:
         """A quantized output's floor per element of head vectors x64 (..., head_dim): u8
@@ -217,8 +233,8 @@ class ErrorModel:
     # --- bounds ------------------------------------------------------------------
     def relative_bound(self, angle_error, strict: bool = False):
         """Allowed error per unit of rho: K_OPS u (TABLE_OPS u + u_T fed cos/sin) (+ dphi
-        unless strict), plus a quantized output's u8 + 2u."""
-        ops = self.ops * self.unit + self.values_unit + self.quantization_unit
+        unless strict), plus a quantized output's u8 + 2u and a norm's terms."""
+        ops = self.ops * self.unit + self.values_unit + self.quantization_unit + self.norm_unit
         return ops + (0.0 if strict else angle_error)
 
     def pair_bound(self, pair_norms, angle_error, strict: bool = False) -> np.ndarray:

@@ -52,6 +52,7 @@ REALIZED = {
     "memory": "the memory layout of x (of q and k in one buffer)",
     "k": "k's heads: none (k None), one, grouped (1 < k < q), all (as many as q)",
     "k_memory": "k's own storage in this layout ('' : q's buffer)",
+    "media": "an M-RoPE call's tokens: text (t = h = w), an image's patches, a video's (Qwen2-VL's positions)",
 }
 
 # --- the vocabulary of factors ---------------------------------------------------------
@@ -115,6 +116,53 @@ def key_layouts(names: tuple, source: str, optional: bool) -> tuple:
     factor = Factor("key layout", classes, source, "k's storage")
     rules = both_ways("key", ("None",), "key layout", (NOT_APPLICABLE,), "k None has no layout") if optional else ()
     return factor, rules
+
+
+MROPE_MEDIA = (
+    "huggingface/transformers: src/transformers/models/qwen2_vl/modeling_qwen2_vl.py get_rope_index (text "
+    "(n, n, n); an image's or a video's patches (t, h, w) on from the text before; the text after from their "
+    "largest + 1); vllm-project/vllm: vllm/model_executor/layers/rotary_embedding/mrope.py (positions [3, "
+    "num_tokens]; text-only batches: the three rows equal)"
+)
+MEDIA = ("text", "image", "video")
+
+
+def media(source: str) -> Factor:
+    """The tokens of an M-RoPE call: text only (its three position rows equal, 1-D RoPE),
+    an image's patches between text (t fixed, h and w a grid), a video's (t per frame)."""
+    return Factor(
+        "media",
+        (
+            value_class("text", "text tokens only: t = h = w (the three rows equal)", media="text"),
+            value_class("image", "an image's patches between text: t fixed, h and w its grid", media="image"),
+            value_class("video", "a video's patches: t per frame, h and w its grid", media="video"),
+        ),
+        source,
+        "the tokens' (t, h, w) positions",
+    )
+
+
+def media_rules(space: Space) -> tuple:
+    """An image or a video has several patches: a call of one token per sequence is text."""
+    if not space.has("tokens"):
+        return ()
+    several = tuple(c.name for c in space.factor("tokens").classes if c.settings.get("seq") == "several")
+    return (Rule("media", ("image", "video"), "tokens", several, "an image or a video has several patches"),)
+
+
+def media_of(axes: np.ndarray) -> str:
+    """The media class of a call's (b, s, 3) M-RoPE positions: text where every token's
+    axes agree, else a video where some non-text token's t differs from another's in its
+    row, else an image."""
+    p = np.asarray(axes)
+    patch = ~(p == p[..., :1]).all(-1)  # tokens whose axes differ
+    if not patch.any():
+        return "text"
+    for row, marks in zip(p, patch):
+        t = row[marks, 0]
+        if t.size and (t != t[0]).any():
+            return "video"
+    return "image"
 
 
 def choice(name: str, classes, source: str, what: str = "") -> Factor:
@@ -229,6 +277,9 @@ class _Fixed:
 
     def seq(self, min_seq: int, longest: int) -> int:
         return self.integer(max(min_seq, 2), max(min(longest, 6), min_seq, 2))
+
+
+Drawn, FixedChoices = _Drawn, _Fixed  # what another family's interface draws choose with
 
 
 def _qk_heads(kind: Optional[str], pick, sizes: Sizes) -> tuple:
@@ -496,6 +547,8 @@ def _consistent(key: str, value: str, facts: dict) -> bool:
     if key == "k":
         hq, hk = facts["q_heads"], facts["k_heads"]
         return {"none": hk == 0, "one": hk == 1, "grouped": 1 < hk < hq, "all": hk == hq and hk > 0}[value]
+    if key == "media":
+        return facts.get("axes") is not None and media_of(facts["axes"]) == value
     if key == "k_memory":
         own = facts["k_memory"] or facts["memory"]
         return (value == "") == (not facts["separate"]) and (not value or value == own)

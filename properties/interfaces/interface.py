@@ -43,12 +43,15 @@ class Interface:
     them: each input is drawn in a row of its plan, ``properties.interfaces.space``), the
     fp8 formats it quantizes its outputs to (``quantized``: the ``quantize_dtype`` class of
     a call names one; the checks read the dequantized outputs,
-    ``properties.core.quantization``), and what it names its arguments."""
+    ``properties.core.quantization``), the norm it applies to q and k before rotating them
+    (``norm``: the checks read the rotation of the normalised heads,
+    ``properties.core.normalization``), and what it names its arguments."""
 
     name: str
     table: Optional[Table] = None
     space: Space = Space(())
     quantized: tuple = ()
+    norm: str = ""  # "rms": an RMSNorm of each q and k head before the rotation (properties.core.normalization)
     words: dict = field(default_factory=dict, compare=False)
 
     def output_format(self, choices=()) -> str:

@@ -117,6 +117,10 @@ class Space:
     def allows(self, row: dict) -> bool:
         return all(rule.allows(row) for rule in self.rules)
 
+    def extended(self, factor: Factor, rules: tuple = ()) -> "Space":
+        """This space with one factor more (a run's own: an M-RoPE run's media) and its rules."""
+        return replace(self, factors=self.factors + (factor,), rules=self.rules + tuple(rules))
+
     def restricted(self, name: str, allowed, why: str) -> "Space":
         """This space with ``name``'s classes cut to ``allowed`` (the others recorded as
         unreached, with ``why``)."""

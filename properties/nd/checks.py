@@ -49,8 +49,10 @@ from ropecheck.properties.inputs.strategies import (
     seq_lengths,
     small_offsets,
 )
+from ropecheck.properties.interfaces import draws
 from ropecheck.properties.nd.coordinates import TOKEN_INDICES, Coordinates
 from ropecheck.properties.property import Family, FamilyContext, Property, family_registry
+from ropecheck.reference.multimodal import qwen2vl_positions
 from ropecheck.reference.nd import PairRotation
 
 ND_MAX_POSITION = 2**16
@@ -87,11 +89,103 @@ def convention_for(target: Subject, head_dim: int) -> Optional[PairRotation]:
     return target.convention
 
 
+def interface_space(target: Subject):
+    """The argument space of the library interface the target is called through (an M-RoPE
+    run through a serving preset), None when it is called in its own form."""
+    interface = getattr(target, "interface", None)
+    return interface.space if interface is not None and interface.space.factors else None
+
+
+MEDIA_BASES = (0, 7, 1000, ND_MAX_POSITION // 2)  # where a sequence's first token is
+# t's step per frame of a video (Qwen2.5-VL: second_per_grid_t * tokens_per_second): 1, 2 at a
+# model's fps, 4096 for frames sampled across a long video (t then far past h and w)
+FRAME_STEPS = (1, 2, 4096)
+
+
+def _segments(media: str, seq: int, pick) -> list:
+    """A sequence of ``seq`` tokens as Qwen2-VL builds one: text only, or text around an
+    image's patches (h x w) or a video's (t x h x w, t >= 2)."""
+    if media == "text" or seq < 2:
+        return [("text", seq)]
+    frames = pick.integer(2, 3) if media == "video" and seq >= 4 else 1
+    room = max(seq // frames, 2 if frames == 1 else 1)
+    w = pick.integer(2, max(2, min(4, room)))
+    h = pick.integer(1, max(1, min(4, room // w)))
+    patches = frames * h * w
+    if patches > seq:  # a video of the smallest grid (1 x 2 per frame) fits any seq >= 2 frames x 2
+        frames, h, w = (2, 1, 2) if media == "video" and seq >= 4 else (1, 1, 2)
+        patches = frames * h * w
+    before = pick.integer(0, seq - patches)
+    medium = ("video", frames, h, w) if frames > 1 else ("image", h, w)
+    return [("text", before), medium, ("text", seq - patches - before)]
+
+
+def interface_case(target: Subject, dtype: str, sizes: Sizes, longest: int, row: dict, pick) -> Case:
+    """An N-D input in a row of the target's interface space (``draws.settings``: one or
+    several sequences and tokens, its key heads, memory layouts, the M-RoPE media of its
+    tokens, scattered or shared rows), the rest chosen by ``pick`` (``draws.Drawn`` or
+    ``draws.FixedChoices``); its choices the row's classes, as the call path reads them."""
+    space = interface_space(target)
+    need = draws.settings(space, row)
+    media = need.get("media", "text")
+    batch = need.get("batch")
+    b = 1 if batch == "one" else pick.integer(2, 3) if batch == "several" else pick.integer(1, 2)
+    s = 1 if need.get("seq") == "one" else pick.integer(2 if media == "text" else 4, max(4, min(longest, 16)))
+    head_dim = pick.sample(target.head_dims)
+    kind = need.get("k", "one")
+    q_heads = 4 if kind == "grouped" else pick.sample((1, 2) if kind == "all" else (1, 2, 4))
+    kv = {"none": 0, "one": 1, "grouped": 2, "all": q_heads}[kind]
+    s = fitted_seq(s, 1, b * (q_heads + kv) * head_dim, sizes)
+    half = limit(target) // 2  # inputs stay at or below half the limit: the checks shift them
+    rows = []
+    for _ in range(b):
+        step = pick.sample(FRAME_STEPS) if media == "video" else 1
+        own = qwen2vl_positions(_segments(media, s, pick), temporal_scale=step)
+        own = np.minimum(own, half)  # a long video's last frame cut to the range
+        first = min(pick.sample(MEDIA_BASES), max(half - int(own.max(initial=0)), 0))
+        rows.append(first + own)
+        if need.get("positions") == "scattered":  # a mixed batch's tokens in no order
+            rows[-1] = rows[-1][np.asarray(pick.sample(tuple(_orders(s))))]
+    p = np.stack(rows)
+    if need.get("rows") == "same":
+        p = np.ascontiguousarray(np.broadcast_to(p[:1], p.shape))
+    case = Case(
+        dtype, b, s, q_heads, head_dim, nested(p, p.dtype), seed=pick.integer(0, 2**16), n_axes=target.n_axes,
+        position_dtype=str(p.dtype), call="qk", k_heads=kv,
+    )  # fmt: skip
+    k_memory = need.get("k_memory")
+    case = replace(case, memory=need.get("memory", "contiguous"), separate=bool(k_memory), k_memory=k_memory or "")
+    return replace(case, choices=tuple(row.items()))
+
+
+def _orders(seq: int) -> list:
+    """A few orders of a sequence's tokens (reversed, interleaved halves, a rotation)."""
+    index = list(range(seq))
+    return [index[::-1], index[::2] + index[1::2], index[1:] + index[:1]]
+
+
+def interface_inputs(prop, ctx) -> list:
+    """The N-D reference's fixed inputs through an interface: one per row of its plan, so
+    that every pair of its argument classes is called in every run."""
+    space = interface_space(ctx.target)
+    if space is None or prop.name != "reference":
+        return []
+    return [
+        (interface_case(ctx.target, ctx.dtype, ctx.sizes, ctx.sizes.max_seq, row, draws.FixedChoices(i)), {})
+        for i, row in enumerate(space.plan)
+    ]
+
+
 def nd_cases(target: Subject, dtype: str, sizes: Sizes = TOY, max_seq: Optional[int] = None, room: bool = False):
     """N-D inputs at ``sizes`` (the target's own head sizes; ``max_seq``: a property's cap;
     ``room``: declared coordinates drawn in their ranges' lower half, for the checks that
-    shift them)."""
+    shift them). Through a library interface (``interface_space``): in a row of its space."""
     longest = min(sizes.max_seq, max_seq or sizes.max_seq)
+    space = interface_space(target)
+    if space is not None:
+        return st.sampled_from(space.plan).flatmap(
+            lambda row: st.composite(lambda d: interface_case(target, dtype, sizes, longest, row, draws.Drawn(d)))()
+        )
 
     @st.composite
     def draw(d):
@@ -240,6 +334,7 @@ ND = Family(
     lambda prop, ctx: nd_cases(
         ctx.target, ctx.dtype, ctx.sizes, prop.case_options.get("max_seq"), prop.case_options.get("room", False)
     ),
+    interface_inputs,
     applies=_applies,
     calls=ROTATING_FORMS,
 )

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from ropecheck.calling import quantized, roles, tables
+from ropecheck.calling import qk_norm, quantized, roles, tables
 from ropecheck.calling.devices import Placement
 from ropecheck.calling.formats import tensor_format
 from ropecheck.calling.forms import (
@@ -45,7 +45,7 @@ from ropecheck.calling.presets import PRESETS, Preset
 from ropecheck.properties.core.contract import segment_lengths
 from ropecheck.properties.core.dtypes import dtype_name
 from ropecheck.properties.inputs.cases import LAYOUTS
-from ropecheck.properties.interfaces.draws import observe
+from ropecheck.properties.interfaces.draws import media_of, observe
 from ropecheck.properties.interfaces.interface import Table
 
 
@@ -137,7 +137,10 @@ class _Call:
 
     # --- positions as the interface takes them -------------------------------------------
     def token_positions(self) -> torch.Tensor:
-        flat = self.positions.reshape(-1)
+        """The positions per token: (T,), or an M-RoPE run's (3, T) (t, h, w rows), in the
+        dtype of the call's ``positions dtype`` class."""
+        p = self.positions
+        flat = p.reshape(-1, p.shape[-1]).T.contiguous() if self.form.mrope is not None else p.reshape(-1)
         return flat.to(torch.int32) if self.choice("positions dtype") == "int32" else flat
 
     def sequence_offsets(self) -> torch.Tensor:
@@ -246,6 +249,10 @@ class _Call:
             value = self.value(p.role, tensors)
             if not _same(value, p.default):
                 kwargs[p.name] = value
+        if self.form.mrope is not None:  # an M-RoPE run: its sections, where the kernel takes them
+            kwargs.update(
+                {p.name: self.value(p.role, tensors) for p in self.preset.mrope_params if p.name in self.form.takes}
+            )
         return args, kwargs
 
     # --- the call ------------------------------------------------------------------------
@@ -270,9 +277,11 @@ class _Call:
             hk = heads - hq if hq < heads else (1 if self.preset.k == "required" else 0)
         else:
             hq, hk = heads, 0
+        positions = self.positions.detach().cpu().numpy()
         facts = {
             "call": self.form.call,
-            "positions": self.positions.detach().cpu().numpy(),
+            "positions": positions[..., 0] if self.form.mrope is not None else positions,  # M-RoPE: t's
+            "axes": positions if self.form.mrope is not None else None,
             "lengths": self.lengths() if self.packed else (),
             "q_heads": hq,
             "k_heads": hk,
@@ -282,7 +291,10 @@ class _Call:
             "choices": self.form.choices,
             "passed": self.passed,
         }
-        return observe(space, facts)
+        seen = observe(space, facts)
+        if self.form.mrope is not None:  # an M-RoPE run's own factor: the media of its tokens
+            seen["media"] = media_of(positions)
+        return seen
 
     def stages(self) -> Stages:
         """The staged call (``forms.drive``): the arguments prepared, the call, then its
@@ -312,6 +324,8 @@ class _Call:
         hq, q, k = self._qk()
         if self.preset.returns == "quantized":
             return (yield from quantized.stages(self, hq, q, k))
+        if self.preset.interface.norm:
+            return (yield from qk_norm.stages(self, hq, q, k))
         q_api, k_api = self.to_api(q), self.to_api(k)
         tensors = {"query": q_api, "key": k_api}
         if self.preset.cache:

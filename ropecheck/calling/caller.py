@@ -99,6 +99,8 @@ class Caller:
         convention=None,
         table_rows: int = 0,
         cp_size: int = 1,
+        mrope=None,
+        takes: tuple = (),
     ):
         self.executor = executor
         self.call = call  # its call form
@@ -110,6 +112,8 @@ class Caller:
         self.convention = convention  # what an interface's table is made from
         self.table_rows = table_rows  # rows of an interface's table indexed by position
         self.cp_size = cp_size  # context-parallel ranks an interface's call is split across
+        self.mrope = mrope  # an M-RoPE run through its interface (forms.MRope), None: 1-D
+        self.takes = takes  # the optional parameters of its interface its signature has
         self.compiled: set = set()  # input signatures already called in a compiling mode
         self.case = None
         self.paths: set = set()  # the classes of its interface's argument values each call had
@@ -137,6 +141,8 @@ class Caller:
                 table_sign=table_sign,
                 inplace=self.inplace,
                 cp_size=self.cp_size,
+                mrope=self.mrope,
+                takes=self.takes,
             )
         if call in ROW_FORMS:  # tables made from (or applied by) the declared rotation, the case's choices
             return Form(

@@ -90,6 +90,18 @@ def record(stages: Stages, fn: Callable) -> tuple:
 
 
 @dataclass(frozen=True)
+class MRope:
+    """An M-RoPE run through a library interface (``--family mrope --api``): the 1-D RoPE
+    its sections split (``convention``: what the interface's table and arguments are made
+    from, over rotary_dim = 2 sum(sections) features), the sections (pairs per axis: t, h,
+    w) and whether they interleave (Qwen3-VL). Its calls pass positions (3, T)."""
+
+    convention: Any
+    sections: tuple
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
 class Form:
     """One canonical call in the target's form: ``call``, and for ``qk`` where q ends and
     how q and k are stored, for ``packed`` the sequence lengths (empty ones included).
@@ -112,6 +124,8 @@ class Form:
     table_sign: int = 1  # -1: the table of -m
     inplace: bool = False  # the target declares writing into its input (an interface's inplace argument)
     cp_size: int = 1  # context-parallel ranks the call is split across (ropecheck.calling.context_parallel)
+    mrope: Optional[MRope] = None  # an M-RoPE run through the interface: positions (3, T)
+    takes: tuple = ()  # the optional parameters of the interface the target's signature has
 
     def invoke(self, fn: Callable, x: torch.Tensor, positions: torch.Tensor):
         """(canonical y, the tensors the target returned) for fn called on x in this form."""

@@ -73,7 +73,7 @@ class KVCacheCall:
         self.layout, self.names = layout, names
         self.padding_slot, self.key_cached = padding_slot, key_cached
         self.before, self.after = PADDING if padded else (0, 0)
-        self.tokens = positions.numel()
+        self.tokens = positions.shape[-1]  # (T,), or an M-RoPE run's (3, T)
         self.query, self.key = self._padded(query, keep), self._padded(key, keep)
         n, heads, head_size = self.before + self.tokens + self.after, *self.key.shape[1:]
         rng = _rng(n, heads, head_size, self.before)
@@ -93,8 +93,8 @@ class KVCacheCall:
         mapping = np.full(n, padding_slot, dtype=np.int64)
         mapping[self.before : self.before + self.tokens] = owned
         self.slot_mapping = torch.from_numpy(mapping).to(device=key.device, dtype=positions.dtype)
-        pad = torch.zeros(n, dtype=positions.dtype, device=positions.device)
-        pad[self.before : self.before + self.tokens] = positions.reshape(-1)
+        pad = torch.zeros((*positions.shape[:-1], n), dtype=positions.dtype, device=positions.device)
+        pad[..., self.before : self.before + self.tokens] = positions
         self.positions = pad
 
     def _padded(self, t: torch.Tensor, keep: Callable) -> torch.Tensor:
@@ -131,7 +131,8 @@ class KVCacheCall:
 
     def _token(self, i: int) -> str:
         if self.before <= i < self.before + self.tokens:
-            return f"token {i - self.before} (position {int(self.positions[i])})"
+            at = self.positions[..., i]
+            return f"token {i - self.before} (position {at.tolist() if at.dim() else int(at)})"
         return f"the padding token at index {i} of the batch"
 
     def _name(self, role: str) -> str:

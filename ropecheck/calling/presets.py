@@ -127,11 +127,20 @@ class Preset:
     key_cached: str = "key"
     rules: tuple = ()
     in_place_when: tuple = ()  # (factor, class): a call in this class writes its result into x
+    # M-RoPE (--family mrope): "" not taken; "takes": a 1-D interface an M-RoPE run calls with
+    # positions (3, T), its kernel bound to its sections (MROPE_PARAMS passed by name where its
+    # signature has them); "only": an M-RoPE interface, the sections among its parameters
+    mrope: str = ""
     description: str = ""
 
     def __post_init__(self):
         space = Space(tuple(f for p in self.params for f in p.factors), self.rules)
         object.__setattr__(self, "interface", replace(self.interface, space=space))
+
+    @property
+    def mrope_params(self) -> tuple:
+        """The parameters an M-RoPE run adds to a 1-D interface's call (where the kernel has them)."""
+        return MROPE_PARAMS if self.mrope == "takes" else ()
 
     @property
     def table(self) -> Optional[Table]:
@@ -208,7 +217,7 @@ class Preset:
 
     def optional_taken(self, fn) -> tuple:
         """The optional parameters ``fn``'s signature has (all of them where it cannot be read)."""
-        optional = tuple(p.name for p in self.params if p.optional)
+        optional = tuple(p.name for p in (*self.params, *self.mrope_params) if p.optional)
         try:
             parameters = inspect.signature(fn).parameters
         except (TypeError, ValueError):
@@ -216,6 +225,14 @@ class Preset:
         if any(q.kind == inspect.Parameter.VAR_KEYWORD for q in parameters.values()):
             return optional
         return tuple(name for name in optional if name in parameters)
+
+
+# what an M-RoPE run passes a 1-D interface's kernel beyond its parameters, by name, where its
+# signature has them (SGLang's and vLLM's M-RoPE kernels take them; one bound to its sections not)
+MROPE_PARAMS = (
+    Param("mrope_section", "mrope_section", None, optional=True),
+    Param("mrope_interleaved", "mrope_interleaved", False, optional=True),
+)
 
 
 def _words(**words) -> dict:
@@ -396,6 +413,55 @@ _HF_COS = Factor(
 # one row of cos and sin for the batch: a batch of rows (with a single row the two classes are one)
 _HF_RULES = (*_HF_KEY_RULES, Rule("cos rows", ("(1, s, D)",), "tokens", ("decode", "batch"), "a batch of rows"))
 
+# --- fused QK-RMSNorm + RoPE over a packed qkv projection (ropecheck.calling.qk_norm)
+_QK_NORM_SOURCE = (
+    f"{VLLM}: vllm/compilation/qk_norm_rope_fusion.py (Qwen3's per-head q_norm, k_norm and rotary_emb after "
+    "qkv.split, replaced by the fused op); csrc/fused_qknorm_rope_kernel.cu (qkv [num_tokens, (nq + nk + nv) * "
+    "head_dim], contiguous)"
+)
+_QK_NORM_KEY = draws.keys(f"{_QK_NORM_SOURCE}: num_heads_k = num_heads_v = the model's key-value heads", False)
+_QK_NORM_PADDING = draws.choice(
+    "padding",
+    (("none", "the scheduled tokens only"), ("padded batch", "all-zero tokens before and after (a CUDA-graph batch)")),
+    f"{VLLM}: vllm/v1/worker/gpu_model_runner.py (a CUDA-graph batch is padded to its captured size: the fused op "
+    "runs on every row of the padded qkv)",
+)
+_QK_NORM_VALUES = draws.choice(
+    "qkv values",
+    (
+        ("model scale", "heads of a model's activations"),
+        ("near eps", "heads whose mean square is near eps (eps changes the norm)"),
+    ),
+    f"{VLLM}: vllm/model_executor/models/qwen3.py (q_norm, k_norm = RMSNorm(head_dim, eps=rms_norm_eps): 1e-6)",
+)
+_QK_NORM_FACTORS = (_QK_NORM_PADDING, _QK_NORM_VALUES)
+_QK_NORM_WORDS = _words(positions="position_ids", query="qkv", key="qkv", layout="is_neox")
+_QK_NORM_HEADS = (
+    Param("num_heads_q", "num_heads_q"),
+    Param("num_heads_k", "num_heads_k"),
+    Param("num_heads_v", "num_heads_v"),
+    Param("head_dim", "head_size"),
+    Param("eps", "eps"),
+    Param("q_weight", "q_weight"),
+    Param("k_weight", "k_weight"),
+)
+# --- SGLang's M-RoPE kernel: q and k (T, H * D), a cos_sin_cache and (3, T) positions
+_SGLANG_MROPE = (
+    f"{SGLANG}: python/sglang/srt/layers/rotary_embedding.py triton_mrope_fused (q, k [num_tokens, heads * "
+    "head_size], positions [3, num_tokens]; q.stride(0) read: rows of a fused qkv projection)"
+)
+_MROPE_LAYOUTS = ("contiguous", "qkv-slice")
+_MROPE_TOKENS = draws.tokens(f"{_SGLANG_MROPE}: {_SERVING_TOKENS}")
+_MROPE_SHAPE = draws.choice("query shape", (("(T, H*D)", "query and key (T, heads * head_dim)"),), _SGLANG_MROPE)
+_MROPE_QUERY = draws.layouts("query layout", _MROPE_LAYOUTS, _SGLANG_MROPE)
+_MROPE_KEY_LAYOUT, _MROPE_RULES = draws.key_layouts(_MROPE_LAYOUTS, _SGLANG_MROPE, False)
+
+_SGLANG_QK_NORM = (
+    f"{SGLANG}: python/sglang/jit_kernel/fused_qknorm_rope.py fused_qk_norm_rope (qkv bfloat16, position_ids int32 "
+    "(num_tokens,), head_dim 64, 128 or 256; the callers pass factor 1.0, low 0.0, high 0.0, attention_factor 1.0 "
+    "without YaRN); jit_kernel/csrc/elementwise/fused_qknorm_rope.cuh (YaRN's frequencies formed in the kernel)"
+)
+
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
@@ -417,6 +483,7 @@ PRESETS: dict[str, Preset] = {
             k="optional",
             max_position=TABLE_POSITIONS,
             rules=(*_VLLM_RULES, *_FLAT_RULES),
+            mrope="takes",
             description="positions int64 (T,); query (T, Hq*D) or (T, Hq, D), strided views included; key "
             "likewise or None; cos_sin_cache (P, rotary_dim) in query's dtype, rows cat(cos, sin) indexed by "
             "position; rotated in place, features past rotary_dim untouched",
@@ -444,6 +511,7 @@ PRESETS: dict[str, Preset] = {
             ),
             max_position=TABLE_POSITIONS,
             rules=(*_FI_RULES, *_FLAT_RULES),
+            mrope="takes",
             description="vllm's signature with a float32 cos_sin_cache (P, rotary_dim); key required; every "
             "argument passed by name, is_neox included (SGLang's calls: python/sglang/srt/layers/"
             "rotary_embedding.py forward_cuda)",
@@ -486,6 +554,7 @@ PRESETS: dict[str, Preset] = {
             padding_slot=-1,
             key_cached="key",
             rules=_FI_RULES,
+            mrope="takes",
             description="query (T, Hq, D), key, value (T, Hk, D), strided views included; "
             "positions int64 (T,); cos_sin_cache (P, rotary_dim) in query's dtype; key_cache, value_cache "
             "(num_blocks, block_size, Hk, D) in key's dtype (kv_cache_dtype 'auto', k_scale = v_scale = 1.0 float32 "
@@ -544,6 +613,7 @@ PRESETS: dict[str, Preset] = {
             padding_slot=0,
             key_cached="cache",
             rules=_FI_RULES,
+            mrope="takes",
             description="q (T, Hq, D), k, v (T, Hk, D), strided views included; k_cache, v_cache (slots, Hk * D) in "
             "k's dtype, slot 0 reserved for padding tokens; cos_sin_cache (P, rotary_dim) float32; positions and "
             "out_loc int32 or int64 (T,), out_loc the slot per token, 0 for a padding token; is_neox keyword-only; "
@@ -596,6 +666,92 @@ PRESETS: dict[str, Preset] = {
             "float8_e5m2 (each input draws one), quant_scale_q and quant_scale_kv per-tensor scales (never 1); "
             "every argument passed by name (SGLang's mla_quantize_and_rope_for_fp8); returns the four fp8 "
             "tensors saturate(v * scale)",
+        ),
+        Preset(
+            "vllm-qk-norm-rope",
+            "vLLM's fused_qk_norm_rope (csrc/fused_qknorm_rope_kernel.cu: per-head RMSNorm of q and k, then RoPE, "
+            "in place on the packed qkv)",
+            (
+                Param("qkv", "qkv", factors=(_QK_NORM_KEY, *_QK_NORM_FACTORS)),
+                *_QK_NORM_HEADS,
+                Param("cos_sin_cache", "cache"),
+                Param("is_neox", "layout"),
+                Param("position_ids", "positions", factors=(_VLLM_TOKENS, _INT64)),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens-heads",
+            Interface("vllm-qk-norm-rope", Table("cos-sin", "cos_sin_cache"), norm="rms", words=_QK_NORM_WORDS),
+            max_position=TABLE_POSITIONS,
+            mrope="takes",
+            description="qkv (T, (Hq + Hk + Hv) * D) contiguous, in place: each q and k head RMS-normalised over D "
+            "with q_weight or k_weight (D,) in qkv's dtype and eps, then its first rotary_dim features rotated; v "
+            "untouched; num_heads_v = num_heads_k; cos_sin_cache (P, rotary_dim) in qkv's dtype, rows cat(cos, sin); "
+            "position_ids int64 (T,)",
+        ),
+        Preset(
+            "sglang-qk-norm-rope",
+            "SGLang's fused_qk_norm_rope (sgl_kernel and python/sglang/jit_kernel: per-head RMSNorm of q and k, then "
+            "RoPE with its frequencies formed in the kernel, YaRN's included, in place on the packed qkv)",
+            (
+                Param("qkv", "qkv", factors=(_QK_NORM_KEY, *_QK_NORM_FACTORS)),
+                *_QK_NORM_HEADS,
+                Param("base", "base"),
+                Param("is_neox", "layout"),
+                Param(
+                    "position_ids",
+                    "positions",
+                    factors=(
+                        _FI_TOKENS,
+                        draws.choice("positions dtype", ("int32",), f"{_SGLANG_QK_NORM}"),
+                    ),
+                ),
+                Param("factor", "yarn_factor"),
+                Param("low", "yarn_low"),
+                Param("high", "yarn_high"),
+                Param("attention_factor", "mscale"),
+                Param("rotary_dim", "rotary_dim", None),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens-heads",
+            Interface("sglang-qk-norm-rope", None, norm="rms", words=_QK_NORM_WORDS),
+            scalings=("default", "yarn"),
+            mrope="takes",
+            description="vllm-qk-norm-rope's qkv, heads, eps and weights; base = --base; position_ids int32 (T,); "
+            "factor, low, high: YaRN's factor and the pair indices of its ramp (1.0, 0.0, 0.0 without YaRN); "
+            "attention_factor the scaling's attention factor, on the rotated features only; rotary_dim (None: "
+            "the whole head)",
+        ),
+        Preset(
+            "sglang-mrope",
+            "SGLang's triton_mrope_fused (python/sglang/srt/layers/rotary_embedding.py: M-RoPE from a cos_sin_cache "
+            "and (3, T) positions, in place)",
+            (
+                Param("q", "query", factors=(_MROPE_TOKENS, _MROPE_SHAPE, _MROPE_QUERY)),
+                Param("k", "key", factors=(_FI_KEY, _MROPE_KEY_LAYOUT)),
+                Param("cos_sin_cache", "cache"),
+                Param("positions", "positions"),
+                Param("mrope_section", "mrope_section"),
+                Param("head_size", "head_size"),
+                Param("rotary_dim", "rotary_width"),
+                Param("mrope_interleaved", "mrope_interleaved"),
+                Param("is_neox_style", "layout"),
+            ),
+            "inplace",
+            ("qk",),
+            "tokens",
+            Interface(
+                "sglang-mrope",
+                Table("cos-sin", "cos_sin_cache"),
+                words=_words(positions="positions", query="q", key="k", layout="is_neox_style"),
+            ),
+            max_position=TABLE_POSITIONS,
+            rules=(*_MROPE_RULES, *_FLAT_RULES),
+            mrope="only",
+            description="q (T, Hq * D), k (T, Hk * D), rows of a fused qkv projection included; cos_sin_cache (P, "
+            "rotary_dim) in q's dtype, rows cat(cos, sin); positions int64 (3, T): t, h, w; mrope_section the "
+            "pairs per axis; rotary_dim an int; mrope_interleaved (Qwen3-VL); rotated in place",
         ),
         Preset(
             "flashinfer-pos-ids",

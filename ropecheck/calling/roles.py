@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ropecheck.calling.forms import cu_seqlens
+from ropecheck.reference.scaling import yarn_correction_range
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,28 @@ def _scale(call):
     return getattr(scaling, "factor", 1) if scaling.rope_type == "linear" else 1
 
 
+def _yarn_factor(call) -> float:
+    scaling = call.convention.scaling
+    return float(scaling.factor) if scaling.rope_type == "yarn" else 1.0
+
+
+def _yarn_range(call) -> tuple:
+    """The pair indices (low, high) YaRN's ramp runs between, as the kernel takes them (its
+    callers pass 0.0, 0.0 without YaRN)."""
+    scaling = call.convention.scaling
+    if scaling.rope_type != "yarn":
+        return 0.0, 0.0
+    low, high = yarn_correction_range(
+        call.rotary_dim,
+        call.convention.base,
+        scaling.original_max_position_embeddings,
+        scaling.beta_fast,
+        scaling.beta_slow,
+        scaling.truncate,
+    )
+    return float(low), float(high)
+
+
 def _freqs(call):
     return call.row_table("freqs") if call.table.by == "position" else call.token_angles()
 
@@ -156,6 +179,11 @@ ROLES: dict[str, Role] = {
             "rotary_dim",
             "the rotary dimension, None for the whole head",
             lambda call: call.rotary_dim if call.rotary_dim < call.head_dim else None,
+        ),
+        Role(
+            "rotary_width",
+            "the rotary dimension, an int (head_size for the whole head)",
+            lambda call: call.rotary_dim,
         ),
         Role("scale", "the linear scaling factor (rope_scale)", _scale),
         Role("base", "the base (rope_theta)", lambda call: call.convention.base),
@@ -197,6 +225,17 @@ ROLES: dict[str, Role] = {
             lambda call: RankGroup(_ranks(call), call.rank),
             context_parallel=True,
         ),
+        # an M-RoPE run's sections (--family mrope --api)
+        Role(
+            "mrope_section",
+            "the M-RoPE sections, pairs per axis (t, h, w), a list of ints",
+            lambda call: list(call.form.mrope.sections) if call.form.mrope is not None else None,
+        ),
+        Role(
+            "mrope_interleaved",
+            "whether the sections interleave (Qwen3-VL)",
+            lambda call: bool(call.form.mrope.interleaved) if call.form.mrope is not None else False,
+        ),
         # never passed: their parameters' defaults
         Role("none", "None (a deprecated, unused parameter)", lambda call: None, default_only=True),
         Role("unsqueeze_dim", "1 (cos and sin broadcast over heads at dim 1)", lambda call: 1, default_only=True),
@@ -212,6 +251,18 @@ ROLES: dict[str, Role] = {
         Role("k_scale", "1.0, a float32 tensor", given_by="the KV cache"),
         Role("v_scale", "1.0, a float32 tensor", given_by="the KV cache"),
         Role("kv_cache_dtype", '"auto"', given_by="the KV cache"),
+        # a fused QK-RMSNorm + RoPE kernel's packed qkv (ropecheck.calling.qk_norm)
+        Role("qkv", "the packed (T, (Hq + Hk + Hv) * D) projection, rotated in place", given_by="the qk norm"),
+        Role("num_heads_q", "q's heads, an int", given_by="the qk norm"),
+        Role("num_heads_k", "k's heads, an int", given_by="the qk norm"),
+        Role("num_heads_v", "v's heads (as many as k's), an int", given_by="the qk norm"),
+        Role("eps", "the RMSNorm's epsilon, a float", given_by="the qk norm"),
+        Role("q_weight", "q's RMSNorm weights (D,), drawn, in qkv's dtype", given_by="the qk norm"),
+        Role("k_weight", "k's RMSNorm weights (D,), drawn, in qkv's dtype", given_by="the qk norm"),
+        # a kernel that forms YaRN's frequencies itself (SGLang's fused_qk_norm_rope): 1, 0, 0 unscaled
+        Role("yarn_factor", "YaRN's factor (1.0 unscaled)", _yarn_factor),
+        Role("yarn_low", "the first pair YaRN's ramp starts at (0.0 unscaled)", lambda call: _yarn_range(call)[0]),
+        Role("yarn_high", "the pair YaRN's ramp ends at (0.0 unscaled)", lambda call: _yarn_range(call)[1]),
         # fp8 quantization (ropecheck.calling.quantized)
         Role("q_rope", "q's rotated features", given_by="the fp8 quantization"),
         Role("k_rope", "k's rotated features", given_by="the fp8 quantization"),

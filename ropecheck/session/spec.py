@@ -13,12 +13,16 @@ from __future__ import annotations
 from typing import Optional
 
 from ropecheck.calling import context_parallel, devices, quiet, sanitizer
-from ropecheck.calling.forms import unbind_dim
+from ropecheck.calling.forms import MRope, unbind_dim
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.roles import role
+from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import APPLIER_FORMS, DIFFERENTIABLE_FORMS, ROW_FORMS
 from ropecheck.properties.families import family as family_record
+from ropecheck.properties.interfaces import draws
+from ropecheck.properties.interfaces.draws import MROPE_MEDIA, media_rules
 from ropecheck.properties.property import Family, FamilyError
+from ropecheck.reference.rope import DEFAULT_BASE
 from ropecheck.session.loading import TargetLoadError, is_named, load, target_name
 from ropecheck.session.options import BY_NAME, FAMILY_PARAMETERS, Options, UsageError
 from ropecheck.targets.builtins import BUILTINS, DEFAULT_TARGET
@@ -118,8 +122,17 @@ def declare(target: Target, options: Options) -> Target:
         if options.call not in (None, applier):
             raise UnusableTarget(f"--api {api} is called as --call {applier}, not --call {options.call}")
         api = None
-    elif api and fam.name != "rope":
-        raise UnusableTarget(f"--api {api} is a 1-D interface: it takes --family rope (the default), not {fam.name}")
+    elif api and fam.name != "rope" and not (fam.name == "mrope" and PRESETS[api].mrope):
+        takers = ", ".join(name for name, p in PRESETS.items() if p.mrope)
+        raise UnusableTarget(
+            f"--api {api} is a 1-D interface: it takes --family rope (the default), not {fam.name} "
+            f"(--family mrope takes --api {takers})"
+        )
+    elif api and fam.name != "mrope" and PRESETS[api].mrope == "only":
+        raise UnusableTarget(
+            f"--api {api} is an M-RoPE interface (its sections are among its arguments): give --family mrope "
+            "--sections T,H,W"
+        )
     preset = PRESETS[api] if api else None
     if preset is not None:
         call = options.call or (target.call if target.call in preset.calls else preset.calls[0])
@@ -148,6 +161,8 @@ def declare(target: Target, options: Options) -> Target:
         )
     if call in APPLIER_FORMS:
         _check_applier(call, declared.convention)
+    if preset is not None and fam.name == "mrope":
+        return _mrope_through(target, options, preset, call, declared, parameters)
     if preset is not None:
         return _through(target, options, preset, call, declared, parameters)
     limits = [n for n in (target.max_position, options.max_position, declared.max_position) if n is not None]
@@ -205,6 +220,46 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
         k_optional=preset.k == "optional",
         row_offsets=preset.offsets and call == "x",
         cp_size=cp_size,
+        device=device,
+        implies={**target.implies, **options.parameters()},
+    )
+
+
+def _mrope_through(target: Target, options: Options, preset, call: str, declared, parameters: dict) -> Target:
+    """``target`` declared to be called through ``preset`` in an M-RoPE run: the checks are
+    the N-D family's on (t, h, w) positions, its calls pass them as (3, T), its table is the
+    1-D RoPE the sections split (``forms.MRope``), and its argument space has the classes of
+    the tokens a multimodal model passes (text, an image's, a video's)."""
+    if declared.coordinates is not None:
+        raise UnusableTarget(f"--api {preset.name} takes M-RoPE token positions (t, h, w), not --coord-* coordinates")
+    sections = tuple(int(s) for s in parameters["sections"])
+    base = parameters.get("base") or DEFAULT_BASE
+    table = Convention(parameters.get("layout") or "half", float(base), 2 * sum(sections))
+    problem = preset_refuses(preset, table)
+    if problem:
+        raise UnusableTarget(problem)
+    try:
+        device = devices.choose(options.device, target.devices)
+        devices.require(device)
+    except ValueError as exc:
+        raise UnusableTarget(str(exc)) from None
+    by_row = preset.table is not None and preset.table.by == "position"
+    space = run_space(preset, target, options.call, 1)
+    return target.with_(
+        family="mrope",
+        call=call,
+        api=preset.name,
+        space=space.extended(draws.media(MROPE_MEDIA), media_rules(space)),
+        convention=declared.convention,
+        n_axes=declared.n_axes,
+        head_dims=declared.head_dims or target.head_dims,
+        rotary_dim=declared.rotary_dim or target.rotary_dim,
+        dtypes=declared.dtypes or target.dtypes,
+        max_position=options.max_position or (preset.max_position if by_row else declared.max_position),
+        backward=False,
+        inplace=preset.inplace or options.inplace,
+        k_optional=preset.k == "optional",
+        mrope=MRope(table, sections, bool(parameters.get("mrope_interleaved"))),
         device=device,
         implies={**target.implies, **options.parameters()},
     )

@@ -67,6 +67,9 @@ class Target:
     cp_size: int = 1
     # the optional parameters of its interface its signature has (a kernel may lack them)
     optional_params: tuple = ()
+    # an M-RoPE run through its interface (ropecheck.calling.forms.MRope: the 1-D RoPE its table
+    # is made from, the sections); None: a 1-D one
+    mrope: Any = None
     # the argument space its run draws from: its interface's, restricted by the run's options
     # and its own signature (None: the interface's whole space)
     space: Optional[Space] = field(default=None, compare=False)
@@ -124,9 +127,11 @@ class Target:
             self.device,
             self.mode,
             api=self.api or "",
-            convention=self.convention,
+            convention=self.mrope.convention if self.mrope is not None else self.convention,
             table_rows=rows,
             cp_size=self.cp_size,
+            mrope=self.mrope,
+            takes=self.optional_params,
         )
 
     def with_(self, **changes) -> "Target":
