@@ -16,10 +16,12 @@ import torch
 from hypothesis import strategies as st
 
 from ropecheck.properties.assertions import AXES_3D, CheckFailure, assert_close
+from ropecheck.properties.core import normalization
 from ropecheck.properties.core.contract import CallError
 from ropecheck.properties.core.sizes import TOY, pool_shapes
 from ropecheck.properties.inputs.cases import Case, as_float64
 from ropecheck.properties.inputs.strategies import (
+    FREE_HEAD_DIMS,
     cases,
     example_grad_layout,
     grad_layouts,
@@ -28,9 +30,11 @@ from ropecheck.properties.inputs.strategies import (
 from ropecheck.properties.interface_checks import TABLE_CHECKS
 from ropecheck.properties.one_d import (
     Context,
+    Probe,
     against_reference,
     eps,
     f64,
+    for_interface,
     interface_cases,
     ops,
     register,
@@ -190,6 +194,22 @@ def _alone(ctx: Context, x: torch.Tensor, p: np.ndarray, b: int) -> np.ndarray:
 # --- with a declared convention ------------------------------------------------------
 
 
+def _norm_probes(ctx: Context) -> list:
+    """A fused QK-norm interface's packed qkv as a view of a wider buffer (its row stride past
+    the heads' width): its kernel may refuse it, a value it returns must be right."""
+    interface = getattr(ctx.target, "interface", None)
+    if getattr(interface, "norm", "") == "" or ctx.sizes.model:
+        return []
+    r = ctx.target.rotary_dim
+    p = np.minimum(np.array([[0, 1, 2], [4097, 4098, 4099]]), ctx.max_position)
+    case = Case(ctx.dtype, 2, 3, 2, r or FREE_HEAD_DIMS[0], tuple(map(tuple, p.tolist())), seed=13, call="qk",
+                k_heads=1)  # fmt: skip
+    case = for_interface(case, ctx.target)
+    case = case.with_choices(**{normalization.STRIDED_QKV[0]: normalization.STRIDED_QKV[1]})
+    what = f"a packed qkv whose rows are a view of a wider buffer (row stride + {normalization.ROW_PAD})"
+    return [Probe(case, reference_agreement, what)]
+
+
 @register(
     name="reference",
     formula="f(x, m) = R_m x, the float64 reference of the declared convention, within the error model",
@@ -198,6 +218,7 @@ def _alone(ctx: Context, x: torch.Tensor, p: np.ndarray, b: int) -> np.ndarray:
     huge=True,
     sweeps=True,
     size_switches=True,
+    probes=lambda ctx: _norm_probes(ctx),
 )
 def reference_agreement(ctx: Context, case: Case, windows: Optional[tuple] = None) -> float:
     p, x = case.positions_array(), case.tensor()

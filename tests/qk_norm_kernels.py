@@ -162,3 +162,21 @@ def sglang_attention_factor_on_whole_head(qkv, num_heads_q, num_heads_k, num_hea
             attention_factor_on_whole_head=True)  # fmt: skip
 
 
+
+
+def vllm_row_stride_ignored(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+                            cos_sin_cache, is_neox, position_ids):  # fmt: skip
+    """Walks qkv's storage as if its rows were packed (a kernel that takes qkv.data_ptr() and
+    the heads' width): right on a contiguous qkv, wrong on a row-strided one."""
+    packed = torch.as_strided(qkv, qkv.shape, (qkv.shape[1], 1))
+    cos, sin = _rows(cos_sin_cache, position_ids)
+    _fused(packed, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, cos, sin, is_neox)
+
+
+def vllm_contiguous_only(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+                         cos_sin_cache, is_neox, position_ids):  # fmt: skip
+    """vLLM's own check (CHECK_INPUT(qkv)): a row-strided qkv is refused."""
+    if not qkv.is_contiguous():
+        raise RuntimeError("qkv must be contiguous")
+    vllm_correct(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, cos_sin_cache,
+                 is_neox, position_ids)  # fmt: skip

@@ -65,6 +65,7 @@ BROKEN = [
     ("vllm_norm_after_rotation", "vllm-qk-norm-rope", {}, "reference", ""),
     ("vllm_rotary_dim_ignored", "vllm-qk-norm-rope", {"rotary_dim": 8}, "reference", ""),
     ("vllm_partial_neox_chunks", "vllm-qk-norm-rope", {"rotary_dim": 8}, "reference", "size switch"),
+    ("vllm_row_stride_ignored", "vllm-qk-norm-rope", {}, "reference", "qkv rows=row-strided"),
     ("sglang_attention_factor_ignored", "sglang-qk-norm-rope", {"scaling": YARN}, "identity", ""),
     ("sglang_attention_factor_on_whole_head", "sglang-qk-norm-rope", {"scaling": YARN, "rotary_dim": 16},
      "reference", ""),
@@ -76,7 +77,15 @@ def test_a_broken_fused_kernel_fails(name, api, options, prop, words):
     report = run(name, api, **options)
     caught = [r for r in report.failures if r.property == prop]
     assert caught, failures(report) or "passed"
-    assert words in caught[0].message, caught[0].message
+    said = caught[0].message + "\n" + caught[0].counterexample
+    assert words in said, said
+
+
+def test_a_kernel_that_refuses_a_row_strided_qkv_passes_with_a_support_note():
+    report = run("vllm_contiguous_only", properties=["reference"], dtypes="bfloat16")
+    assert report.passed, failures(report)
+    notes = [n for r in report.results for n in r.notes]
+    assert any("a packed qkv whose rows are a view of a wider buffer" in n for n in notes), notes
 
 
 def test_the_norm_error_model_is_the_views_roundings_and_the_reduction():

@@ -47,6 +47,10 @@ EPS = (1e-6, 1e-5)  # eps of the models that ship a QK norm (Qwen3: 1e-6; others
 # start at 6e-5, so its near-eps heads are 2^-6 z / w with eps 1e-5)
 SCALES = {"model scale": 8.0, "near eps": 2.0**-10}
 FLOAT16_NEAR_EPS = 2.0**-6
+# a probe, not a class its callers pass (vLLM's and SGLang's kernels refuse a non-contiguous
+# qkv): qkv a view of a wider buffer, each row followed by ROW_PAD features of something else
+STRIDED_QKV = ("qkv rows", "row-strided")
+ROW_PAD = 16
 
 
 def scale(values_class: str, dtype: str) -> float:

@@ -29,6 +29,7 @@ from ropecheck.properties.core import normalization
 from ropecheck.properties.core.dtypes import dtype_name
 
 PADDING = (1, 2)  # all-zero tokens before and after the batch, in a "padded batch" call
+SENTINEL = 8192.0  # what a row-strided qkv's buffer holds past each row (exact in every float dtype)
 
 
 def _rng(*sizes: int) -> np.random.Generator:
@@ -72,12 +73,20 @@ class QKNormCall:
         }
         v = rng.standard_normal((n, self.hv, d)).astype(np.float32)
         self.v = torch.from_numpy(v).to(self.dtype)
-        qkv = torch.zeros(n, (self.hq + self.hk + self.hv) * d, dtype=self.dtype)
+        width = (self.hq + self.hk + self.hv) * d
+        # a row-strided qkv (a probe): a view of a wider buffer, each row followed by a sentinel
+        self.pad = (
+            normalization.ROW_PAD if call.choice(normalization.STRIDED_QKV[0]) == normalization.STRIDED_QKV[1] else 0
+        )
+        buffer = torch.full((n, width + self.pad), SENTINEL, dtype=self.dtype)
+        qkv = buffer[:, :width]
+        qkv.zero_()
         rows = slice(self.before, self.before + self.tokens)
         qkv[rows, : self.hq * d] = self.raw["q"].reshape(self.tokens, -1)
         qkv[rows, self.hq * d : (self.hq + self.hk) * d] = self.raw["k"].reshape(self.tokens, -1)
         qkv[:, (self.hq + self.hk) * d :] = self.v.reshape(n, -1)
-        self.qkv = qkv.to(self.device)
+        self.buffer = buffer.to(self.device)  # its qkv view, on the device
+        self.qkv = self.buffer[:, :width]
         self.weights = {which: w.to(self.device) for which, w in self.weights.items()}
         self.positions = self._padded_positions(positions)
 
@@ -120,6 +129,13 @@ class QKNormCall:
         """Check what the kernel wrote, then write the rotation of the normalised heads into
         the canonical q and k views (``q_view``, ``k_view``)."""
         qkv, d = self.qkv.detach().cpu(), self.head_dim
+        if self.pad and not bool((self.buffer[:, qkv.shape[1] :] == SENTINEL).all()):
+            row = int((self.buffer[:, qkv.shape[1] :] != SENTINEL).any(-1).nonzero()[0])
+            raise ReturnedWrong(
+                "qkv",
+                f"the target wrote past the end of {self._name('qkv')}'s row {row} (into the buffer it is a view "
+                "of): is its row stride read?",
+            )
         v = self._heads(qkv[:, (self.hq + self.hk) * d :])
         changed = (v != self.v).reshape(v.shape[0], self.hv, -1).any(-1)
         if bool(changed.any()):
