@@ -287,6 +287,13 @@ def _list_presets(console) -> None:
             f"{f.name}: {', '.join(c.name for c in f.classes if c.name != 'n/a')}" for f in preset.space.factors
         )
         console.print(f"    argument classes drawn (every pair in every run): {classes}", markup=False, soft_wrap=True)
+        if preset.mrope:
+            alone = " only" if preset.mrope == "only" else ""
+            console.print(
+                f"    M-RoPE{alone}: --family mrope --sections T,H,W, positions (3, T), text, image and video tokens",
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 @table_command(

@@ -374,21 +374,27 @@ def header(target: Target, options: Optional[Options] = None) -> str:
                 "[yellow]No --layout given: running spec-free checks only "
                 "(no comparison with the float64 reference).[/]"
             )
-        through = ""
-        if target.api:
-            preset = PRESETS[target.api]
-            call = f" --call {target.call}" if target.call != preset.calls[0] else ""
-            call += f" --cp-size {target.cp_size}" if target.cp_size > 1 else ""
-            through = f"\nInterface: --api {target.api}{call}: {preset.signature()}"
-        return f"Convention: {target.convention.flags()}{through}"
+        return f"Convention: {target.convention.flags()}{_through_line(target)}"
     run = [
         w
         for name in ("max_position", "device", "backward", "in_process")
         if options is not None and name in options.given
         for w in BY_NAME[name].shown(options[name])
     ]
-    flags = " ".join(["--call", target.call] * (target.call != fam.calls[0]) + family_words(target.implies) + run)
-    return f"Family {fam.name}" + (f": {flags}" if flags else "")
+    call = ["--call", target.call] * (target.call != fam.calls[0] and not target.api)  # an interface's own call
+    flags = " ".join(call + family_words(target.implies) + run)
+    return f"Family {fam.name}" + (f": {flags}" if flags else "") + _through_line(target)
+
+
+def _through_line(target: Target) -> str:
+    """The line a run through a library interface adds: the preset, the call form and
+    context-parallel ranks asked for, its signature ("" called in its own form)."""
+    if not target.api:
+        return ""
+    preset = PRESETS[target.api]
+    call = f" --call {target.call}" if target.call != preset.calls[0] else ""
+    call += f" --cp-size {target.cp_size}" if target.cp_size > 1 else ""
+    return f"\nInterface: --api {target.api}{call}: {preset.signature()}"
 
 
 def family_words(parameters: dict) -> list:
