@@ -116,6 +116,14 @@ def at_least(low: float, kind: Callable = integer) -> Callable:
     return convert
 
 
+def fraction(value) -> float:
+    """A number in (0, 1]."""
+    result = number(value)
+    if not 0.0 < result <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {value!r}")
+    return result
+
+
 def sizes_value(value):
     return parse_sizes(str(value)) if not hasattr(value, "head_dims") else value
 

@@ -37,6 +37,7 @@ from ropecheck.session.converters import (
     coordinate_ranges,
     device_name,
     dtype_names,
+    fraction,
     integer,
     integers,
     mode_names,
@@ -133,6 +134,11 @@ OPTIONS: tuple[Option, ...] = (
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "
         "a JSON object of HF rope_parameters, or @file.json.",
         CONVENTION, scaling_value, families=("rope", *TABLE_BUILDERS)),
+    Option("rotated_fraction",
+        "p-RoPE (transformers' rope_type proportional): pairs span the rotary dimension r as usual, "
+        "theta_i = base^(-2i/r) for the first floor(p r / 2) pairs and zero for the rest, which do not turn "
+        "(0 < p <= 1; default 1). Not --rotary-dim p r, whose pairs and frequencies lie inside p r features.",
+        CONVENTION, fraction, families=("rope",), metavar="P"),
     # --- families ------------------------------------------------------------------------------------
     Option("family",
         "N-D / multimodal target: axial, mrope, nd, pairs (any convention as a --pair-table), or a position "
@@ -317,6 +323,7 @@ FAMILY_PARAMETERS = (
     "nd_base",
     "rotary_dim",
     "scaling",
+    "rotated_fraction",
     "scale_base",
     "gamma",
     "mrope_interleaved",
