@@ -143,3 +143,17 @@ def test_an_unturned_pair_off_by_four_roundings_fails():
 def test_bad_rotated_fractions_exit_2(args, said):
     out = CliRunner().invoke(main, ["check", f"{kernels.__file__}:p_rope", *args, "--dtype", "float32"])
     assert out.exit_code == 2 and said in out.output, out.output
+
+
+def test_transformers_gemma4_p_rope_passes_and_is_listed():
+    """hf-gemma4-global: Gemma4TextRotaryEmbedding's full-attention layers (ropecheck/adapters/hf_real.py)."""
+    import ropecheck
+    from ropecheck.adapters import ADAPTERS
+
+    why = ADAPTERS["hf-gemma4-global"].why_unavailable()
+    if why:
+        pytest.skip(why)
+    listed = CliRunner().invoke(main, ["list"], terminal_width=200)
+    assert "--rotated-fraction 0.25" in listed.output and "hf-gemma4-global" in listed.output
+    report = ropecheck.check("hf-gemma4-global", profile="ci", max_examples=4, dtypes="float32")
+    assert report.passed, report.summary()
