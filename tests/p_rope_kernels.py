@@ -7,7 +7,7 @@ and tests/test_hf_config.py:
 | kernel | what it computes |
 |---|---|
 | p_rope | p-RoPE, correct |
-| p_rope_as_partial_rotary | Megatron-Bridge #4195: that p-RoPE as a 128-feature partial rotary, pairs (i, i + 64) of the first 128 features, theta_i = base^(-2i/128) |
+| p_rope_as_partial_rotary | Megatron-Bridge #4195: pairs (i, i + 64) of the first 128 features, base^(-2i/128) |
 | rope_512 | plain RoPE over the same head: every pair turns |
 | p_rope_unturned_scaled | p-RoPE whose unturned pairs come back times 1 + 2^-22: 4 float32 roundings off |
 

@@ -311,7 +311,9 @@ def _check_call(fam: Family, call: str) -> None:
 
 def header(target: Target, options: Optional[Options] = None) -> str:
     """The line a run starts with: what the target is declared to compute (for a family
-    other than 1-D RoPE, its flags and the run's, as a reproduce line has them)."""
+    other than 1-D RoPE, its flags and the run's, as a reproduce line has them); with
+    --hf-config, the flags its config gave (1-D RoPE: they are the convention)."""
+    given = hf_config_line(options)
     fam = family_record(target.family)
     if fam.name == "rope":
         if target.convention is None:
@@ -325,7 +327,10 @@ def header(target: Target, options: Optional[Options] = None) -> str:
             call = f" --call {target.call}" if target.call != preset.calls[0] else ""
             call += f" --cp-size {target.cp_size}" if target.cp_size > 1 else ""
             through = f"\nInterface: --api {target.api}{call}: {preset.signature()}"
-        return f"Convention: {target.convention.flags()}{through}"
+        config = options.get("hf_config") if options is not None else None
+        if config is not None and set(config.defaults) <= set(config.flags):  # its flags are the convention
+            return f"Convention: {given}{through}"
+        return (f"{given}\n" if given else "") + f"Convention: {target.convention.flags()}{through}"
     run = [
         w
         for name in ("max_position", "device", "backward", "in_process")
@@ -333,7 +338,23 @@ def header(target: Target, options: Optional[Options] = None) -> str:
         for w in BY_NAME[name].shown(options[name])
     ]
     flags = " ".join(["--call", target.call] * (target.call != fam.calls[0]) + family_words(target.implies) + run)
-    return f"Family {fam.name}" + (f": {flags}" if flags else "")
+    return (f"{given}\n" if given else "") + f"Family {fam.name}" + (f": {flags}" if flags else "")
+
+
+def hf_config_line(options: Optional[Options]) -> str:
+    """``--hf-config PATH = --layout half --base 500000 ...``: the flags of the convention the
+    config gives (``session.hf_config``), or "" without one."""
+    config = None if options is None else options.get("hf_config")
+    if config is None:
+        return ""
+    chosen = f" --layer-type {config.layer_type}" if config.layer_type else ""
+    words = [
+        w
+        for name in ("family", *FAMILY_PARAMETERS)
+        if name in config.flags
+        for w in BY_NAME[name].shown(config.flags[name])
+    ]
+    return f"--hf-config {config.path}{chosen} = {' '.join(words)}"
 
 
 def family_words(parameters: dict) -> list:
