@@ -18,8 +18,10 @@ from ropecheck.reference.scaling import Scaling
 
 @dataclass(frozen=True)
 class Convention:
-    """What a target computes: pairing layout, base, rotary dimension (None: head_dim)
-    and position scaling (``reference.scaling``; none by default).
+    """What a target computes: pairing layout, base, rotary dimension (None: head_dim),
+    position scaling (``reference.scaling``; none by default) and the rotated fraction p
+    (p-RoPE: of the r/2 pairs only the first floor(p r / 2) turn, theta_i = base^(-2i/r),
+    the rest have frequency zero; ``reference.rope.rotated_pairs``; 1 by default: all turn).
 
     A scaling may multiply the rotated features by an attention factor (the *amplitude*
     A: f(x, m) = A R_m x on the rotated block) and, when ``dynamic``, take its frequencies
@@ -29,6 +31,7 @@ class Convention:
     base: float = reference.DEFAULT_BASE
     rotary_dim: Optional[int] = None
     scaling: Scaling = Scaling()
+    rotated_fraction: float = 1.0
 
     def __post_init__(self):
         reference.check_layout(self.layout)
@@ -36,6 +39,12 @@ class Convention:
             raise ValueError(f"base must be a finite number > 1, got {self.base}")
         if self.rotary_dim is not None:
             reference.check_rotary_dim(self.rotary_dim)
+        reference.check_rotated_fraction(self.rotated_fraction)
+        if self.rotated_fraction < 1.0 and self.amplitude != 1.0:
+            raise ValueError(
+                f"p-RoPE (rotated fraction {self.rotated_fraction:g}) with the {self.scaling.rope_type} scaling's "
+                "attention factor: transformers' proportional RoPE has none, and ropecheck models none"
+            )
 
     def rotary_dim_for(self, head_dim: int) -> int:
         return head_dim if self.rotary_dim is None else self.rotary_dim
@@ -59,7 +68,10 @@ class Convention:
         ``seq_len``: the whole call's, when ``positions`` are a chunk of it)."""
         if seq_len is None:
             seq_len = None if positions is None else self.seq_len(positions)
-        return self.scaling.inv_freq(self.rotary_dim_for(head_dim), self.base, seq_len)
+        r = self.rotary_dim_for(head_dim)
+        return reference.zero_beyond(
+            self.scaling.inv_freq(r, self.base, seq_len), reference.rotated_pairs(r, self.rotated_fraction)
+        )
 
     def exponent_log_base(self, head_dim: int) -> np.ndarray:
         """e_i ln(base), e_i = 2i/r: what a float32 base^(-e_i) is perturbed by (tolerance)."""
@@ -88,6 +100,7 @@ class Convention:
     def flags(self) -> str:
         out = f"--layout {self.layout} --base {self.base:g}"
         out += f" --rotary-dim {self.rotary_dim}" if self.rotary_dim else ""
+        out += f" --rotated-fraction {self.rotated_fraction!r}" if self.rotated_fraction < 1.0 else ""
         if self.scaling.rope_type != "default":
             out += f" --scaling '{self.scaling.flag()}'"
         return out

@@ -68,8 +68,9 @@ def reference_and_bound(ctx, x: torch.Tensor, at: np.ndarray, *, inverse: bool, 
     relative = put(np.broadcast_to(model.relative_bound(dphi, False), dphi.shape))
     pair = torch.hypot(a, b) * relative + model.floor
     bound = x64.abs() * model.output_unit + model.floor
-    bound[..., i] = pair
-    bound[..., j] = pair
+    still = put(theta == 0.0).bool()  # pairs of frequency zero: one output rounding, as passed-through features
+    bound[..., i] = torch.where(still, bound[..., i], pair)
+    bound[..., j] = torch.where(still, bound[..., j], pair)
     if model.quantized:
         bound = bound + model.quantization_floor_unit * torch.sqrt(torch.mean(x64 * x64, dim=-1, keepdim=True))
     return x64, expected, bound

@@ -44,7 +44,7 @@ from ropecheck.properties.inputs.strategies import (
 )
 from ropecheck.properties.interfaces import draws
 from ropecheck.properties.property import Declaration, Family, FamilyContext, FamilyError, SmokeInput, family_registry
-from ropecheck.reference.rope import DEFAULT_BASE
+from ropecheck.reference.rope import DEFAULT_BASE, rotated_pairs
 from ropecheck.reference.scaling import Scaling
 
 
@@ -244,18 +244,32 @@ def _smoke_inputs(target: Subject, dtype: str):
 
 def _declare(parameters: dict, own) -> Declaration:
     """The convention the parameters declare: ``layout`` makes one (with ``base``,
-    ``rotary_dim`` and ``scaling``); without it the target's own convention stands, its
-    base, rotary dim and scaling overridden by those given; a scaling needs a convention."""
-    layout, base, rotary_dim, scaling = (parameters.get(k) for k in ("layout", "base", "rotary_dim", "scaling"))
+    ``rotary_dim``, ``scaling`` and ``rotated_fraction``); without it the target's own
+    convention stands, its base, rotary dim, scaling and rotated fraction overridden by those
+    given; a scaling or a rotated fraction needs a convention."""
+    layout, base, rotary_dim, scaling, fraction = (
+        parameters.get(k) for k in ("layout", "base", "rotary_dim", "scaling", "rotated_fraction")
+    )
     if isinstance(base, (list, tuple)):
         raise FamilyError("1-D RoPE takes one --base (one per axis is --family axial's --nd-base)")
     try:
         if layout is not None:
-            conv = Convention(layout, DEFAULT_BASE if base is None else base, rotary_dim, scaling or Scaling())
+            conv = Convention(
+                layout, DEFAULT_BASE if base is None else base, rotary_dim, scaling or Scaling(), fraction or 1.0
+            )
         elif own is not None:
-            conv = Convention(own.layout, base or own.base, rotary_dim or own.rotary_dim, scaling or own.scaling)
-        elif scaling is not None:
-            raise FamilyError("--scaling needs a declared convention: give --layout too")
+            conv = Convention(
+                own.layout,
+                base or own.base,
+                rotary_dim or own.rotary_dim,
+                scaling or own.scaling,
+                fraction or own.rotated_fraction,
+            )
+        elif scaling is not None or fraction is not None:
+            raise FamilyError(
+                f"{'--scaling' if scaling is not None else '--rotated-fraction'} needs a declared convention: "
+                "give --layout too"
+            )
         else:
             conv = None
     except FamilyError:
@@ -357,6 +371,9 @@ def shift_range(ctx: Context, case: Case) -> tuple[int, int]:
 def where_pairs(ctx: Context, head_dim: int) -> str:
     c = ctx.convention
     out = f"{c.layout} layout, base {c.base:g}, rotary_dim {c.rotary_dim_for(head_dim)}"
+    if c.rotated_fraction < 1.0:
+        still = rotated_pairs(c.rotary_dim_for(head_dim), c.rotated_fraction)
+        out += f", rotated fraction {c.rotated_fraction:g} (pairs {still} on do not turn)"
     if c.scaling.rope_type != "default":
         out += f", {c.scaling.rope_type} scaling"
     return out

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ropecheck.properties.core.dtypes import SUBNORMAL_SPACING, UNIT_ROUNDOFF, torch_dtype
-from ropecheck.reference import pair_indices
+from ropecheck.reference import pair_indices, rotated_pairs
 from ropecheck.reference.scaling import Linear, Scaling
 
 SAME = 1e-3  # a fitted base or scale this close to the declared one is no diagnosis
@@ -111,6 +111,26 @@ def _partial(kind: str):
         return rotation(probe, replace(conv, base=conv.base ** (r / d)))
 
     return model
+
+
+def _fraction_as_rotary_dim(probe: Probe, _) -> Optional[Model]:
+    """p-RoPE written as partial rotary (Megatron-Bridge #4195): the first 2k features
+    rotate, every pair of them, k = the pairs p-RoPE turns."""
+    conv = probe.convention
+    if conv.rotated_fraction == 1.0:
+        return None
+    turning = rotated_pairs(probe.rotary, conv.rotated_fraction)
+    return rotation(probe, replace(conv, rotary_dim=2 * turning, rotated_fraction=1.0))
+
+
+def _describe_fraction(probe: Probe) -> tuple[str, str]:
+    r, k = probe.rotary, rotated_pairs(probe.rotary, probe.convention.rotated_fraction)
+    return (
+        f"p-RoPE is computed as partial rotary (Megatron-Bridge #4195): the first {2 * k} features rotate, every "
+        f"pair with theta_i = base^(-2i/{2 * k}), not the pairs of all {r} features with only the first {k} "
+        f"turning, theta_i = base^(-2i/{r})",
+        f"the reference with rotary_dim {2 * k} and every pair turning",
+    )
 
 
 def _rounding(probe: Probe, option) -> Optional[Model]:
@@ -302,6 +322,11 @@ CANDIDATES = (
             f"the frequencies come from head_dim: theta_i = base^(-2i/{p.head_dim}), not base^(-2i/{p.rotary})",
             f"the reference with theta_i = base^(-2i/{p.head_dim})",
         ),
+    ),
+    Candidate(
+        "rotated-fraction-as-rotary-dim",
+        _fraction_as_rotary_dim,
+        lambda p, _: _describe_fraction(p),
     ),
     Candidate(
         "scaling-not-applied",

@@ -265,8 +265,10 @@ class ErrorModel:
     def element_bound(self, x64, positions, convention, strict: bool = False, seq_len=None) -> np.ndarray:
         """Allowed |y - y_ref| per element of x64 (batch, seq, heads, head_dim) under a
         declared convention: the pair bound with the per-frequency angle allowance on
-        rotated features; one output rounding on pass-through features. ``seq_len``: the
-        whole call's, when x64 and positions are a chunk of it."""
+        rotated features; one output rounding on pass-through features and on the pairs of
+        frequency zero (p-RoPE's unturned pairs: cos 1 and sin 0 are exact, so such a pair
+        comes back as it went in). ``seq_len``: the whole call's, when x64 and positions are
+        a chunk of it."""
         from ropecheck.reference import pair_slices
 
         x64 = np.asarray(x64, dtype=np.float64)
@@ -276,8 +278,9 @@ class ErrorModel:
         dphi = self.declared_angle_error(positions, convention, head_dim, seq_len)[:, :, None, :]
         pair = self.pair_bound(rho, dphi, strict)
         bound = np.abs(x64) * self.output_unit + self.floor
-        bound[..., i] = pair
-        bound[..., j] = pair
+        still = convention.theta(head_dim, positions, seq_len) == 0.0
+        bound[..., i] = np.where(still, bound[..., i], pair)
+        bound[..., j] = np.where(still, bound[..., j], pair)
         return bound + self.quantization_floor(x64)
 
     @staticmethod

@@ -24,10 +24,13 @@ from ropecheck.reference.rope import (
     apply_rope,
     check_layout,
     check_rotary_dim,
+    check_rotated_fraction,
     inv_freq,
     pair_indices,
     pair_norms,
     pair_slices,
+    rotated_pairs,
+    zero_beyond,
 )
 from ropecheck.reference.sinusoidal import apply_sinusoidal, sinusoidal_encoding
 
@@ -40,6 +43,7 @@ __all__ = [
     "apply_sinusoidal",
     "check_layout",
     "check_rotary_dim",
+    "check_rotated_fraction",
     "generator",
     "inv_freq",
     "pair_indices",
@@ -49,7 +53,9 @@ __all__ = [
     "rope_elementwise_form",
     "rope_matrix_form",
     "rope_rotate_half_form",
+    "rotated_pairs",
     "rotation_matrix",
     "rotation_matrix_expm",
     "sinusoidal_encoding",
+    "zero_beyond",
 ]

@@ -9,6 +9,13 @@ counter-clockwise by phi = m * theta_i:
 Pairing layouts: ``interleaved`` pairs features (2i, 2i+1); ``half`` pairs (i, i + r/2).
 Features r .. d-1 pass through unchanged.
 
+p-RoPE (partial-frequency RoPE, transformers' ``rope_type: "proportional"``): the pairs span
+all r features as usual, but only the first floor(p r / 2) of them turn, with
+theta_i = base^(-2i/r); the rest have frequency zero and pass through unchanged
+(``rotated_pairs``, ``inv_freq(..., rotated_fraction=p)``). It is not partial rotary
+(``rotary_dim`` p r, pairs (i, i + p r / 2) and theta_i = base^(-2i/(p r)) in the half
+layout): the pairs, their frequencies and the features left alone all differ.
+
 Positions are integers.  They are converted to float64 exactly (|m| < 2^53) and the
 angle m * theta_i is formed in float64, so its relative error is one float64 rounding:
 at m = 2^24 the absolute angle error is below 2e-9 rad, far under float32's resolution.
@@ -36,13 +43,40 @@ def check_rotary_dim(rotary_dim: int, head_dim: int | None = None) -> int:
     return rotary_dim
 
 
-def inv_freq(rotary_dim: int, base: float = DEFAULT_BASE) -> np.ndarray:
-    """theta_i = base^(-2i/r), i = 0 .. r/2 - 1, in float64, shape (r/2,)."""
+def check_rotated_fraction(fraction: float) -> float:
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"the rotated fraction p must be in (0, 1], got {fraction}")
+    return fraction
+
+
+def rotated_pairs(rotary_dim: int, fraction: float = 1.0) -> int:
+    """How many of the r/2 pairs turn under p-RoPE with rotated fraction p: floor(p r / 2),
+    as transformers counts them (``int(rope_proportion * head_dim // 2)``,
+    ``modeling_rope_utils._compute_proportional_rope_parameters``)."""
+    check_rotary_dim(rotary_dim)
+    check_rotated_fraction(fraction)
+    return int(fraction * rotary_dim // 2)
+
+
+def inv_freq(rotary_dim: int, base: float = DEFAULT_BASE, rotated_fraction: float = 1.0) -> np.ndarray:
+    """theta_i = base^(-2i/r), i = 0 .. r/2 - 1, in float64, shape (r/2,); with a rotated
+    fraction p < 1 (p-RoPE) the pairs from ``rotated_pairs(r, p)`` on have theta_i = 0."""
     check_rotary_dim(rotary_dim)
     if not base > 0:
         raise ValueError(f"base must be positive, got {base}")
     exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
-    return np.power(np.float64(base), -exponents)
+    return zero_beyond(np.power(np.float64(base), -exponents), rotated_pairs(rotary_dim, rotated_fraction))
+
+
+def zero_beyond(theta: np.ndarray, rotated: int) -> np.ndarray:
+    """``theta`` (r/2 frequencies) with those of pairs ``rotated`` .. r/2 - 1 set to zero: the
+    pairs p-RoPE leaves unturned (a copy when any is zeroed)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    if rotated >= theta.shape[-1]:
+        return theta
+    theta = theta.copy()
+    theta[..., rotated:] = 0.0
+    return theta
 
 
 def angles(positions, theta: np.ndarray) -> np.ndarray:

@@ -92,11 +92,7 @@ class Scaling:
         kind = params.pop("rope_type")
         if any(isinstance(v, (list, tuple)) for v in params.values()):
             return json.dumps(self.parameters(), separators=(",", ":"))
-        return kind + (
-            ""
-            if not params
-            else ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-        )
+        return kind + ("" if not params else ":" + ",".join(f"{k}={_short(v)}" for k, v in params.items()))
 
 
 @dataclass(frozen=True)
@@ -350,6 +346,14 @@ def parse(text: str) -> Scaling:
             raise ValueError(f"scaling parameter {item!r} is not key=value")
         params[key.strip()] = _number(value.strip())
     return from_parameters(params)
+
+
+def _short(value) -> str:
+    """A parameter as ``flag`` writes it: a float in its shortest form that reads back exactly."""
+    if not isinstance(value, float):
+        return str(value)
+    text = f"{value:g}"
+    return text if float(text) == value else repr(value)
 
 
 def _number(value: str):

@@ -160,8 +160,11 @@ def check(target=None, **keywords) -> Report:
     or comma-separated text), e.g.:
     call: "x" rope(x, positions), "qk" rope(q, k, positions) -> (q_out, k_out), "packed"
         rope(x, cu_seqlens, positions); default what the target declares, else "x".
-    layout, base, rotary_dim, scaling: the convention (scaling: a ``--scaling`` string or a
-        dict of HF rope_parameters). Without a layout only the spec-free checks run.
+    layout, base, rotary_dim, scaling, rotated_fraction: the convention (scaling: a
+        ``--scaling`` string or a dict of HF rope_parameters; rotated_fraction: p-RoPE's).
+        Without a layout only the spec-free checks run.
+    hf_config, layer_type: a Hugging Face model's config.json (or its folder) and the layer
+        type to check, read as the convention options they give (``--hf-config``).
     family, axes, sections, split, nd_base, mrope_interleaved, scale_base, gamma: the N-D,
         multimodal and xPos families (``--family``); list values may be lists.
     profile: "ci" (the default here: derandomized, so a test suite is deterministic),

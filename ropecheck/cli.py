@@ -93,7 +93,7 @@ def check(options):
     on_abort(records.unusable)  # the in-process watchdog's last act (a hang in the warm-up too)
     try:
         loaded = gate.baseline_of(options)
-        session = prepare(options, console.print)
+        session = prepare(options, lambda line: console.print(line, soft_wrap=True))  # a header line is one line
         loaded = gate.baseline_for(loaded, session)
     except UnusableTarget as exc:
         fail(console, str(exc), records=records)

@@ -74,8 +74,8 @@ def pytest_addoption(parser):
 
 
 def _raw(config) -> tuple[dict, dict]:
-    """What the flags say, else the ini file (a file target relative to the ini file); and
-    which values came from the ini file."""
+    """What the flags say, else the ini file (a file target, a baseline or a model config
+    relative to the ini file); and which values came from the ini file."""
     raw, sources = {}, {}
     for option in PYTEST_OPTIONS:
         value = getattr(config.option, option.ini)
@@ -86,7 +86,11 @@ def _raw(config) -> tuple[dict, dict]:
             sources[option.name] = "ini"
             if option.name == "target":
                 value = _relative_to_ini(config, str(value))
-            elif option.name == "baseline" and config.inipath is not None and not Path(str(value)).is_absolute():
+            elif (
+                option.name in ("baseline", "hf_config")
+                and config.inipath is not None
+                and not Path(str(value)).is_absolute()
+            ):
                 value = str(config.inipath.parent / str(value))
         raw[option.name] = value
     return raw, sources

@@ -454,7 +454,7 @@ def test_junit_report_of_a_passing_target(tmp_path):
 
 HELP_GROUPS = {
     "Target": ("TARGET", "--call", "--api", "--cp-size", "--in-process", "--max-position", "--device", "--no-backward", "--inplace"),
-    "Convention": ("--layout", "--base", "--rotary-dim", "--scaling"),
+    "Convention": ("--layout", "--base", "--rotary-dim", "--scaling", "--rotated-fraction", "--hf-config", "--layer-type"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base", "--head-dim", "--pair-span", "--pair-table",
                "--positions", "--coord-range", "--coord-scale", "--coord-offset", "--scale-base", "--gamma"),
     "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize", "--jobs",

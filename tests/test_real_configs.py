@@ -77,7 +77,8 @@ def test_invertibility_still_catches_a_lost_position_at_real_settings(name, flag
 
 
 HF_REAL = ["hf-llama31", "hf-llama32", "hf-phi35-longrope", "hf-deepseek-v3-yarn", "hf-gpt-oss-yarn",
-           "hf-gemma3-global", "hf-gemma3-local", "hf-qwen2vl-mrope-real", "hf-qwen3vl-mrope-real", "hf-glm4v-mrope"]
+           "hf-gemma3-global", "hf-gemma3-local", "hf-gemma4-global", "hf-qwen2vl-mrope-real", "hf-qwen3vl-mrope-real",
+           "hf-glm4v-mrope"]
 
 
 @pytest.mark.parametrize("name", sweep(HF_REAL))

@@ -95,7 +95,8 @@ def test_longrope_switches_factors_past_the_original_length():
 
 @pytest.mark.parametrize("scaling", [
     Scaling(), Linear(4.0), NTK(2.0), DynamicNTK(2.0, 512), YaRN(4.0, 1024, beta_fast=16.0),
-    Llama3(8.0, 1.0, 4.0, 8192), LongRoPE((1.0, 2.0), (3.0, 4.0), 64, factor=4.0)])
+    Llama3(8.0, 1.0, 4.0, 8192), LongRoPE((1.0, 2.0), (3.0, 4.0), 64, factor=4.0),
+    YaRN(40.0, 4096, attention_factor_=0.1 * math.log(40) + 1.0), Linear(1.0800000429153442)])
 def test_flag_round_trips(scaling):
     assert parse(scaling.flag()) == scaling
     assert from_parameters(scaling.parameters()) == scaling

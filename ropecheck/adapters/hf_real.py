@@ -74,6 +74,11 @@ GPT_OSS = {
     "beta_slow": 1.0,
     "truncate": False,
 }
+# Gemma 4's rope parameters (Gemma4TextConfig's defaults, transformers 5.23)
+GEMMA4 = {
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+}
 
 
 def _rotated(apply, head_dim: int, interleave_out: bool = False):
@@ -148,6 +153,30 @@ def _gemma3(layer_type: str):
             layer_types=[layer_type],
         )
         return _rotated(modeling.apply_rotary_pos_emb, 256)(lambda q, p: emb(q, p, layer_type))
+
+    return build
+
+
+def _gemma4_global():
+    """Gemma4TextRotaryEmbedding(x, position_ids, "full_attention"): p-RoPE (rope_type
+    proportional, partial_rotary_factor 0.25, rope_theta 1e6) over the full-attention layers'
+    global_head_dim of 512, applied by Gemma 4's apply_rotary_pos_emb(x, cos, sin)."""
+
+    def build():
+        modeling, emb = _text_model(
+            "gemma4",
+            "Gemma4TextConfig",
+            "Gemma4TextRotaryEmbedding",
+            256,
+            GEMMA4,
+            layer_types=["full_attention"],
+            global_head_dim=512,
+        )
+
+        def apply(q, k, cos, sin):
+            return modeling.apply_rotary_pos_emb(q, cos, sin), None
+
+        return _rotated(apply, 512)(lambda q, p: emb(q, p, "full_attention"))
 
     return build
 
@@ -254,6 +283,14 @@ _real(
     "Gemma 3 local (sliding-window) layers: Gemma3RotaryEmbedding at head 256, rope_theta 1e4",
     _convention("half", 10000.0, 256),
     256,
+)
+_real(
+    "hf-gemma4-global",
+    _gemma4_global(),
+    "Gemma 4 global layers: Gemma4TextRotaryEmbedding at global_head_dim 512, p-RoPE (proportional, 0.25 of "
+    "the pairs turning), rope_theta 1e6",
+    Convention("half", 1000000.0, 512, rotated_fraction=0.25),
+    512,
 )
 
 MROPE = "N-D target: positions (batch, seq, 3)"

@@ -12,6 +12,7 @@ from ropecheck.calling import devices, modes
 from ropecheck.properties.core.dtypes import canonical
 from ropecheck.properties.core.sizes import parse as parse_sizes
 from ropecheck.reference.scaling import parse as parse_scaling
+from ropecheck.session.hf_config import HFConfig, HFConvention, read
 
 MAX_POSITION_RANGE = (255, 2**24)  # --max-position: the declared position range 0 .. N
 
@@ -114,6 +115,19 @@ def at_least(low: float, kind: Callable = integer) -> Callable:
 
     convert.__name__ = kind.__name__
     return convert
+
+
+def fraction(value) -> float:
+    """A number in (0, 1]."""
+    result = number(value)
+    if not 0.0 < result <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {value!r}")
+    return result
+
+
+def hf_config_value(value):
+    """A model's config.json (or a folder holding one), read (``session.hf_config``)."""
+    return value if isinstance(value, (HFConfig, HFConvention)) else read(value)
 
 
 def sizes_value(value):

@@ -19,6 +19,7 @@ a bad value is a ``UsageError`` naming the option the way that front door spells
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from ropecheck.calling.caller import DEFAULT_TIMEOUT
@@ -37,6 +38,8 @@ from ropecheck.session.converters import (
     coordinate_ranges,
     device_name,
     dtype_names,
+    fraction,
+    hf_config_value,
     integer,
     integers,
     mode_names,
@@ -47,6 +50,7 @@ from ropecheck.session.converters import (
     sizes_value,
     target_value,
 )
+from ropecheck.session.hf_config import HFConfig
 from ropecheck.session.option import LIST, SWITCH, Option, UsageError, complaint, spelled
 
 REGRESSION_FACTOR = 2.0  # --regression-factor: the default threshold of a baseline comparison
@@ -71,6 +75,7 @@ TENSOR_FAMILIES = ("rope", "axial", "mrope", "nd", "pairs", "xpos")
 # the position builders (--axes); the table builders (TABLE_BUILDERS) take the 1-D convention
 BUILDERS = tuple(name for name, family in FAMILIES.items() if "segments" in family.calls)
 TABLE_BUILDERS = tuple(name for name, family in FAMILIES.items() if {"table", "cache"} & set(family.calls))
+HF_CONFIG_FAMILIES = ("rope", "mrope", *TABLE_BUILDERS)  # what a model config's convention declares
 
 # fmt: off
 OPTIONS: tuple[Option, ...] = (
@@ -133,6 +138,21 @@ OPTIONS: tuple[Option, ...] = (
         "Position scaling: KIND[:key=value,...] (linear, ntk, dynamic, yarn, llama3, longrope), "
         "a JSON object of HF rope_parameters, or @file.json.",
         CONVENTION, scaling_value, families=("rope", *TABLE_BUILDERS)),
+    Option("rotated_fraction",
+        "p-RoPE (transformers' rope_type proportional): pairs span the rotary dimension r as usual, "
+        "theta_i = base^(-2i/r) for the first floor(p r / 2) pairs and zero for the rest, which do not turn "
+        "(0 < p <= 1; default 1). Not --rotary-dim p r, whose pairs and frequencies lie inside p r features.",
+        CONVENTION, fraction, families=("rope",), metavar="P"),
+    Option("hf_config",
+        "A Hugging Face model's config.json (or its folder), read locally: the convention transformers reads "
+        "of it (rope_parameters / rope_scaling, rope_theta, head_dim, partial_rotary_factor, mrope_section, ...) "
+        "as the flags above, printed in the run's header; a flag given beside it must agree with it. "
+        "See docs/user-guide.md.",
+        CONVENTION, hf_config_value, families=HF_CONFIG_FAMILIES, metavar="PATH"),
+    Option("layer_type",
+        "With --hf-config: the layer type whose rope parameters are checked (Gemma 3: full_attention or "
+        "sliding_attention); required when the config has several.",
+        CONVENTION, families=HF_CONFIG_FAMILIES, metavar="NAME"),
     # --- families ------------------------------------------------------------------------------------
     Option("family",
         "N-D / multimodal target: axial, mrope, nd, pairs (any convention as a --pair-table), or a position "
@@ -317,6 +337,7 @@ FAMILY_PARAMETERS = (
     "nd_base",
     "rotary_dim",
     "scaling",
+    "rotated_fraction",
     "scale_base",
     "gamma",
     "mrope_interleaved",
@@ -373,6 +394,12 @@ class Options(Mapping):
         return Options(self.command, {**self._values, **changes}, self.given | set(changes), self.door)
 
     @property
+    def derived(self) -> frozenset:
+        """The options --hf-config gave (``_from_hf_config``): a reproduce line has --hf-config instead."""
+        config = self._values.get("hf_config")
+        return frozenset(getattr(config, "flags", ()))
+
+    @property
     def scaling_parsed(self):
         return None if self.scaling is None else self.scaling[1]
 
@@ -402,7 +429,7 @@ class Options(Mapping):
         """The command-line words of the options given that a reproduce line carries."""
         out: list = []
         for option in OPTIONS:
-            if option.name in self.given and option.reproduce and self.command in option.commands:
+            if option.name in self.given - self.derived and option.reproduce and self.command in option.commands:
                 value = self._values[option.name]
                 if value is not None and value != option.default_for("cli", self.command) or option.kind == SWITCH:
                     out += option.shown(value)
@@ -412,7 +439,7 @@ class Options(Mapping):
         """The keywords of the options given that a reproduce line carries (a Python call)."""
         out = {}
         for option in OPTIONS:
-            if option.name in self.given and option.reproduce and option.api:
+            if option.name in self.given - self.derived and option.reproduce and option.api:
                 value = self._values[option.name]
                 if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
                     value = value[0]
@@ -463,8 +490,67 @@ def parse(command: str, raw: Mapping[str, Any], door: str = "cli", sources: Mapp
         except (ValueError, TypeError, OSError) as exc:
             raise UsageError(complaint(option, came, exc)) from None
         given.append(name)
+    _from_hf_config(values, given, door)
     _n_d_table_builder(values, given)
     return Options(command, values, given, door)
+
+
+def _from_hf_config(values: dict, given: list, door: str) -> None:
+    """--hf-config: the options of the convention its config gives (``session.hf_config``),
+    set as if given; one given beside it that says otherwise is a UsageError (unless the
+    config left that value to transformers' default), as is --layer-type without it."""
+    config = values.get("hf_config")
+    if config is None:
+        if "layer_type" in given:
+            raise UsageError(
+                f"{spelled(BY_NAME['layer_type'], door)} chooses a layer type of the model config that "
+                f"{spelled(BY_NAME['hf_config'], door)} reads: give that too"
+            )
+        return
+    source = BY_NAME["hf_config"]
+    try:
+        resolved = config.resolve(values.get("layer_type")) if isinstance(config, HFConfig) else config
+    except ValueError as exc:
+        raise UsageError(complaint(source, door, exc)) from None
+    stated = f"{spelled(source, door)} {resolved.path}"
+    family = values.get("family")
+    if "family" in given and resolved.family == "rope" and family not in ("rope", *TABLE_BUILDERS):
+        raise UsageError(f"{_stating(BY_NAME['family'], family, door)} contradicts {stated}, a 1-D RoPE convention")
+    flags = dict(resolved.flags)
+    for name, raw in resolved.flags.items():
+        option = BY_NAME[name]
+        value = option.value(raw, "api")
+        if name in given and name in resolved.defaults:  # the config left it to transformers: the flag gives it
+            del flags[name]
+            continue
+        if name in given and _parsed(values[name]) != _parsed(value):
+            raise UsageError(
+                f"{_stating(option, values[name], door)} contradicts {stated}, which gives "
+                f"{_stating(option, value, door)}"
+            )
+        values[name] = value
+        if name not in given:
+            given.append(name)
+    for name, said in resolved.unset.items():
+        option = BY_NAME[name]
+        if name in given and _parsed(values[name]) != said:
+            gives = f"no {spelled(option, door)}" if said is None else _stating(option, said, door)
+            raise UsageError(f"{_stating(option, values[name], door)} contradicts {stated}, which gives {gives}")
+    values["hf_config"] = replace(resolved, flags=flags)
+
+
+def _parsed(value):
+    """An option's value as compared: a (text, parsed) pair's parsed value (--scaling)."""
+    return value[1] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else value
+
+
+def _stating(option: Option, value, door: str) -> str:
+    """``--base 10000`` (``base=10000.0`` through the API)."""
+    if door == "api":
+        text = value[0] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else value
+        return f"{option.name}={text!r}"
+    words = option.shown(value) or [f"no {option.cli}"]
+    return " ".join(words).replace(option.cli, spelled(option, door), 1)
 
 
 # the options only N-D rotations (and position builders) take: with --family table-builder,

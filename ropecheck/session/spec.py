@@ -366,7 +366,9 @@ def _check_call(fam: Family, call: str) -> None:
 
 def header(target: Target, options: Optional[Options] = None) -> str:
     """The line a run starts with: what the target is declared to compute (for a family
-    other than 1-D RoPE, its flags and the run's, as a reproduce line has them)."""
+    other than 1-D RoPE, its flags and the run's, as a reproduce line has them); with
+    --hf-config, the flags its config gave (1-D RoPE: they are the convention)."""
+    given = hf_config_line(options)
     fam = family_record(target.family)
     if fam.name == "rope":
         if target.convention is None:
@@ -374,7 +376,11 @@ def header(target: Target, options: Optional[Options] = None) -> str:
                 "[yellow]No --layout given: running spec-free checks only "
                 "(no comparison with the float64 reference).[/]"
             )
-        return f"Convention: {target.convention.flags()}{_through_line(target)}"
+        through = _through_line(target)
+        config = options.get("hf_config") if options is not None else None
+        if config is not None and set(config.defaults) <= set(config.flags):  # its flags are the convention
+            return f"Convention: {given}{through}"
+        return (f"{given}\n" if given else "") + f"Convention: {target.convention.flags()}{through}"
     run = [
         w
         for name in ("max_position", "device", "backward", "in_process")
@@ -383,7 +389,8 @@ def header(target: Target, options: Optional[Options] = None) -> str:
     ]
     call = ["--call", target.call] * (target.call != fam.calls[0] and not target.api)  # an interface's own call
     flags = " ".join(call + family_words(target.implies) + run)
-    return f"Family {fam.name}" + (f": {flags}" if flags else "") + _through_line(target)
+    family = f"Family {fam.name}" + (f": {flags}" if flags else "")
+    return (f"{given}\n" if given else "") + family + _through_line(target)
 
 
 def _through_line(target: Target) -> str:
@@ -395,6 +402,22 @@ def _through_line(target: Target) -> str:
     call = f" --call {target.call}" if target.call != preset.calls[0] else ""
     call += f" --cp-size {target.cp_size}" if target.cp_size > 1 else ""
     return f"\nInterface: --api {target.api}{call}: {preset.signature()}"
+
+
+def hf_config_line(options: Optional[Options]) -> str:
+    """``--hf-config PATH = --layout half --base 500000 ...``: the flags of the convention the
+    config gives (``session.hf_config``), or "" without one."""
+    config = None if options is None else options.get("hf_config")
+    if config is None:
+        return ""
+    chosen = f" --layer-type {config.layer_type}" if config.layer_type else ""
+    words = [
+        w
+        for name in ("family", *FAMILY_PARAMETERS)
+        if name in config.flags
+        for w in BY_NAME[name].shown(config.flags[name])
+    ]
+    return f"--hf-config {config.path}{chosen} = {' '.join(words)}"
 
 
 def family_words(parameters: dict) -> list:
