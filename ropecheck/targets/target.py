@@ -61,6 +61,7 @@ class Target:
     devices: tuple[str, ...] = ("cpu", "cuda")
     device: str = "cpu"
     mode: str = "eager"  # how the checks run it (--mode, ropecheck.calling.modes)
+    opcheck: bool = False  # its calls followed by torch.library.opcheck (--opcheck, ropecheck.calling.opcheck)
     # the library interface it is called through (--api: a preset of ropecheck.calling.presets)
     api: Optional[str] = None
     # context-parallel ranks its interface's calls are split across (--cp-size)
@@ -127,6 +128,7 @@ class Target:
             convention=self.convention,
             table_rows=rows,
             cp_size=self.cp_size,
+            opcheck=self.opcheck,
         )
 
     def with_(self, **changes) -> "Target":
