@@ -210,15 +210,15 @@ class Caller:
         call in words. A request that hangs or crashes is itself what opcheck said."""
         seen = opcheck.seen_by(self.executor)
         key = opcheck.call_key(request)
-        if key in seen or not opcheck.followed(request):
+        if key in seen or opcheck.STOPPED in seen or not opcheck.followed(request):
             return
         seen.add(key)
         asked = replace(request, op="opcheck", timeout=opcheck.time_limit(request.timeout))
         try:
             outcome = self.executor.run(asked)
-            called = outcome.opcheck or opcheck.failed_request(outcome.error, key)
+            called = outcome.opcheck or opcheck.failed_request(outcome.error, key, seen)
         except TargetHung as hung:
-            called = opcheck.failed_request(("hung", str(hung)), key)
+            called = opcheck.failed_request(("hung", str(hung)), key, seen)
         self.opchecks.append(called.described(opcheck.call_words(request.args[0], case, classes)))
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None, table_sign: int = 1) -> torch.Tensor:

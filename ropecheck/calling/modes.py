@@ -191,7 +191,7 @@ class _CompileEvents:
         for m in self.metrics():
             reason = getattr(m, "recompile_reason", None)
             # BACKEND_MATCH: another torch.compile of the same function (ropecheck's static and
-            # dynamic artefacts, --opcheck's fullgraph trace) compiling it for the first time
+            # dynamic artefacts) compiling it for the first time
             if id(m) not in known and reason and "BACKEND_MATCH" not in reason:
                 _pending[RECOMPILE + _first_line(reason)[:EVENT_WIDTH]] += 1
 

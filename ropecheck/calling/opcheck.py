@@ -171,13 +171,20 @@ def seen_by(executor) -> set:
     return _FOLLOWED.setdefault(executor, set())
 
 
-def failed_request(error: Optional[tuple], key: tuple) -> Called:
+STOPPED = ("stopped",)  # in a ``seen_by`` set: no more calls followed (an opcheck run ended its process)
+
+
+def failed_request(error: Optional[tuple], key: tuple, seen: set) -> Called:
     """What an opcheck request that did not come back says: a finding of test "opcheck"
-    (opcheck's own run hung, or crashed the process), or nothing (no error)."""
+    (opcheck's own run hung, or ended the process: then no later call is followed, each
+    would cost a new process), or nothing (no error)."""
     if error is None:
         return Called()
     kind, message = error
     said = f"opcheck's run {'did not finish' if kind == 'hung' else 'failed'}: {message}"
+    if kind in ("crashed", "exited", "hung"):
+        seen.add(STOPPED)
+        said = f"{said[: MESSAGE_WIDTH - 60]} (no later call followed by opcheck)"
     return Called(checked=(Checked("(the target's ops)", "opcheck", said[:MESSAGE_WIDTH], "", key),))
 
 
@@ -326,7 +333,7 @@ def opchecked(op: torch._ops.OpOverload, args: tuple, kwargs: dict, done: set) -
         warnings.simplefilter("ignore")  # its deprecation notes about the op are not findings
         try:
             verdicts: dict = torch.library.opcheck(op, args, kwargs, test_utils=TESTS, raise_exception=False)
-        except Exception as exc:  # opcheck itself could not run on these arguments
+        except (Exception, SystemExit) as exc:  # opcheck could not run on these arguments (or its run exited)
             verdicts = {test: exc for test in TESTS}
     return tuple(
         Checked(op.name(), test, abridged(verdict) if isinstance(verdict, BaseException) else "", shown, key)
@@ -345,7 +352,7 @@ def check_calls(
     try:
         with recorder:
             call(fn)
-    except Exception:  # the call was judged as it ran; what it called before it raised is checked
+    except (Exception, SystemExit):  # the call was judged as it ran; what it called before it raised is checked
         pass
     checked: list = []
     for op, args, kwargs in recorder.calls:
@@ -362,16 +369,19 @@ def _fullgraph(call: Callable[[Callable], Any], fn: Callable, ops: tuple, key: t
     or one naming the op it broke at (else the target's code) and dynamo's reason."""
     from torch import _dynamo
 
+    def whole(*args, **kwargs):  # a code object of the trials' own: fn's compiles keep their cache
+        return fn(*args, **kwargs)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            call(torch.compile(fn, fullgraph=True, backend="eager", dynamic=False))
-    except _dynamo.exc.FailOnRecompileLimitHit:  # the process's compiles, not this one's trace
-        return Checked("", FULLGRAPH, "", "", key)
-    except Exception as exc:
+            call(torch.compile(whole, fullgraph=True, backend="eager", dynamic=False))
+    except (Exception, SystemExit) as exc:
         if not isinstance(exc, _dynamo.exc.TorchDynamoException):
             return Checked("", FULLGRAPH, "", "", key)  # the target's own error: the checks judge that
         return Checked(at_op(exc, ops), FULLGRAPH, modes.reason_line(str(exc)), "", key)
+    finally:  # its cache entries gone: trials never add up to dynamo's recompile limit
+        _dynamo.reset_code(whole.__code__)
     return Checked("", FULLGRAPH, "", "", key)
 
 
