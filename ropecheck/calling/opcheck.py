@@ -214,6 +214,16 @@ def custom_op(func):
     return None
 
 
+def checkable(args: tuple, kwargs: dict) -> bool:
+    """Whether opcheck has something to check in a call: a tensor among its arguments, and
+    no opaque object (a ``torch.ScriptObject``: the profiler's record_function ops, which
+    take a name and hand back a handle, are not samples for fake tensors and schemas)."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return any(isinstance(v, torch.Tensor) for v in leaves) and not any(
+        isinstance(v, torch.ScriptObject) for v in leaves
+    )
+
+
 def resolved(op, args: tuple, kwargs: dict) -> torch._ops.OpOverload:
     """An OpOverload as it is; a packet's overload that these arguments pick (its only one,
     else the dispatcher's choice)."""
@@ -251,9 +261,10 @@ def fresh(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple:
 
 
 class Recorder(TorchFunctionMode):
-    """Inside it, each call of a custom op (``custom_op``) is kept as (op, fresh copies of
-    its arguments, of its keyword arguments). Operators called inside a custom op's own
-    implementation are not (the mode is off while its handler runs)."""
+    """Inside it, each call of a custom op (``custom_op``) that opcheck can check
+    (``checkable``) is kept as (op, fresh copies of its arguments, of its keyword
+    arguments). Operators called inside a custom op's own implementation are not (the mode
+    is off while its handler runs)."""
 
     def __init__(self):
         super().__init__()
@@ -262,7 +273,7 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = custom_op(func)
-        if op is not None:
+        if op is not None and checkable(tuple(args), kwargs):
             try:
                 op = resolved(op, tuple(args), kwargs)
                 self.calls.append((op, *fresh(op, tuple(args), kwargs)))
