@@ -371,7 +371,7 @@ class Execution:
             with torch.set_grad_enabled(grad):
                 return _invoke(fn, (x,), place(r.positions), r.form)
 
-        with state_guard(outcome.state_changes):
+        with state_guard([]):  # restored, not reported: opcheck's own runs are not the target's calls
             outcome.opcheck = opcheck.check_calls(
                 call, eager, opcheck.call_key(r), self.opchecked, fullgraph=r.mode == "compile"
             )
