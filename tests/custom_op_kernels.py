@@ -98,6 +98,7 @@ def _(x, positions):
 
 _rope_strided.register_autograd(_backward, setup_context=_keep_positions)
 rope_strided_fake = torch.ops.ropecheck_test.rope_strided.default  # the OpOverload as the target
+rope_strided_packet = torch.ops.ropecheck_test.rope_strided  # its OpOverloadPacket
 
 
 def strided_wrapper(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -49,8 +49,9 @@ def only_opcheck_failed(report) -> None:
 # --- broken registrations are caught ------------------------------------------------------
 
 
-def test_a_fake_whose_strides_differ_from_the_kernels_fails_on_a_strided_input():
-    report = run("rope_strided_fake")  # the OpOverload itself is the target
+@pytest.mark.parametrize("name", ["rope_strided_fake", "rope_strided_packet"], ids=["OpOverload", "OpOverloadPacket"])
+def test_a_fake_whose_strides_differ_from_the_kernels_fails_on_a_strided_input(name):
+    report = run(name)  # the op itself is the target
     only_opcheck_failed(report)
     findings = found(report)
     assert list(findings) == [("ropecheck_test::rope_strided", "test_faketensor")]
