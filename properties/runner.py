@@ -88,12 +88,21 @@ class Result:
     # the Triton kernels its calls launched (``ropecheck.calling.launches.Recorded``): the
     # specializations a GPU compiles for them, and on a GPU those it compiled and their time
     launches: Any = None
+    # --opcheck: what torch.library.opcheck said of the custom ops its calls made
+    # (``ropecheck.calling.opcheck.Called`` records; the session makes its opcheck row of them)
+    opchecks: list = field(default_factory=list)
+    # the counterexample is hypothesis' minimal one (False: the first input that showed it)
+    shrunk: bool = True
+
+    def counterexample_label(self) -> str:  # (a method: ``property`` is a field's name here)
+        return "minimal counterexample: " if self.shrunk else "first input: "
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "max_error": json_number(self.max_error)}
         out.pop("signature")
         out.pop("paths")
         out.pop("launches")
+        out.pop("opchecks")
         if self.launches:
             out["launches"] = {
                 "specializations": self.launches.count,
@@ -346,6 +355,7 @@ def run_property(
     result.seconds = time.perf_counter() - start
     result.paths = sorted(getattr(ctx.rope, "paths", ()))
     result.launches = getattr(ctx.rope, "launches", None)
+    result.opchecks = list(getattr(ctx.rope, "opchecks", ()))
     return result
 
 

@@ -2,7 +2,8 @@
 
 Each test is one check of the target's session (``ropecheck.session``): the plugin
 (``ropecheck.pytest_plugin``) parametrizes ``rope_check`` with (dtype, property, mode) for
-the target's family and gives ``rope_run``, which runs it and reports it as pytest does.
+the target's family and gives ``rope_run``, which runs it and reports it as pytest does
+(``test_opcheck``: the opcheck row of each dtype and mode, with ``--rope-opcheck``).
 With ``--rope-bench``, ``test_bench`` is one benchmark per shape and dtype
 (``ropecheck bench``'s rows), through pytest-benchmark's ``benchmark`` fixture."""
 
@@ -13,6 +14,12 @@ def test_position_range(rope_check, rope_run):
 
 
 def test_property(rope_check, rope_run):
+    rope_run(rope_check)
+
+
+def test_opcheck(rope_check, rope_run):
+    """With --rope-opcheck: torch.library.opcheck on the custom ops the checks' calls make,
+    per dtype and mode (ropecheck.session.opcheck_row)."""
     rope_run(rope_check)
 
 

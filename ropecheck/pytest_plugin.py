@@ -20,7 +20,7 @@ from ropecheck.calling import spawn
 from ropecheck.properties.property import RANGE_PROBE
 from ropecheck.properties.runner import Result
 from ropecheck.report import gate
-from ropecheck.session import helper
+from ropecheck.session import helper, opcheck_row
 from ropecheck.session import options as table
 from ropecheck.session.options import Options, UsageError, parse
 from ropecheck.session.prepare import prepare, run_seed
@@ -138,7 +138,8 @@ def short_name(name: str) -> str:
 
 def pytest_generate_tests(metafunc):
     """test_position_range per dtype; test_property per dtype x property x mode, the
-    target's family's properties; dtypes the target does not support are skipped cases;
+    target's family's properties; with --rope-opcheck, test_opcheck per dtype x mode; dtypes
+    the target does not support are skipped cases;
     with --rope-bench, test_bench per shape x dtype (``bench_plugin``)."""
     if "rope_bench_row" in metafunc.fixturenames:
         bench_plugin.parametrize(metafunc)
@@ -150,6 +151,8 @@ def pytest_generate_tests(metafunc):
     dtypes = list(session.dtypes) + list(session.unsupported)
     if metafunc.function.__name__ == "test_position_range":
         checks = [(d, RANGE_PROBE, "eager") for d in dtypes] if session.range_probe else []
+    elif metafunc.function.__name__ == "test_opcheck":  # after the properties: made of their calls
+        checks = [(d, opcheck_row.NAME, m) for d in dtypes for m in session.modes] if session.opcheck else []
     else:
         checks = [(d, p.name, m) for d in dtypes for p in session.properties for m in session.modes]
     ids = [f"{name}-{d}-" + ("" if len(session.modes) == 1 else f"{m}-") + p for d, p, m in checks]
@@ -307,6 +310,7 @@ def pytest_terminal_summary(terminalreporter):
             counterexample=item["counterexample"],
             reproduce=item["reproduce"],
             mode=item["mode"],
+            shrunk=item["shrunk"],
         )
         r.signature = item["signature"]
         results.append(r)
@@ -319,7 +323,7 @@ def pytest_terminal_summary(terminalreporter):
             f"({', '.join(cause['properties'])}) in {', '.join(cause['dtypes'])}: "
             f"{cause['message']}"
         )
-        terminalreporter.write_line(f"  minimal counterexample: {cause['counterexample']}")
+        terminalreporter.write_line(f"  {cause['counterexample_label']}{cause['counterexample']}")
         terminalreporter.write_line(f"  reproduce: {cause['reproduce']}")
 
 
@@ -337,8 +341,12 @@ def rope_bench(request):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector, name, obj):
-    """Without --rope-bench, the suite's bench test is not collected (it has no rows)."""
+    """Without --rope-bench, the suite's bench test is not collected (it has no rows); nor,
+    without --rope-opcheck, its opcheck test."""
     if name == "test_bench" and getattr(collector.config, "_ropecheck_bench", None) is None:
+        if Path(str(collector.path)) == suite_path():
+            return []
+    if name == "test_opcheck" and not options_of(collector.config).opcheck:
         if Path(str(collector.path)) == suite_path():
             return []
     return None
@@ -378,6 +386,7 @@ def run_check(request, check: tuple) -> None:
                     "message": result.message,
                     "counterexample": result.counterexample,
                     "reproduce": result.reproduce,
+                    "shrunk": result.shrunk,
                 },
             )
         )
@@ -410,7 +419,7 @@ def run_check(request, check: tuple) -> None:
             f"{result.property} ({where}): {result.formula}",
             result.message,
             f"likely cause: {result.diagnosis}" if result.diagnosis else "",
-            f"minimal counterexample: {result.counterexample}",
+            f"{result.counterexample_label()}{result.counterexample}",
             f"reproduce: {result.reproduce}",
         ]
         pytest.fail("\n".join(line for line in lines if line), pytrace=False)

@@ -457,7 +457,7 @@ HELP_GROUPS = {
     "Convention": ("--layout", "--base", "--rotary-dim", "--scaling", "--rotated-fraction", "--hf-config", "--layer-type"),
     "Family": ("--family", "--axes", "--sections", "--mrope-interleaved", "--split", "--nd-base", "--head-dim", "--pair-span", "--pair-table",
                "--positions", "--coord-range", "--coord-scale", "--coord-offset", "--scale-base", "--gamma"),
-    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize", "--jobs",
+    "Run": ("--profile", "--sizes", "--seed", "--dtype", "--mode", "--property", "--max-examples", "--timeout", "--sanitize", "--opcheck", "--jobs",
             "--strict-layouts", "--known-failures", "--no-known-failures"),
     "Output": ("--json", "--junit", "--debug"),
     "Baseline": ("--baseline", "--regression-factor", "--update-baseline"),

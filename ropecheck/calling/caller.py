@@ -5,21 +5,25 @@ process, or this process: ``ropecheck.calling.execution`` runs the call the same
 both) and checks what comes back: a tensor, x's shape, dtype and device, finite for finite
 input, inputs untouched. Any breach is a ``CallError`` (a finding about the target); a call
 that does not return in time is ``TargetHung`` (both ``ropecheck.properties.core.contract``).
-It is the ``Rope`` the checks call.
+It is the ``Rope`` the checks call. Under ``--opcheck`` a call whose class of input is new
+is followed by an "opcheck" request on the same input (``ropecheck.calling.opcheck``), what
+it said kept in ``Caller.opchecks``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Protocol
 
 import torch
 
+from ropecheck.calling import opcheck
 from ropecheck.calling.execution import Outcome, Request
 from ropecheck.calling.forms import Form, mismatch
 from ropecheck.calling.launches import Recorded
 from ropecheck.calling.presets import PRESETS
 from ropecheck.calling.timed import Timed, TimeRequest
-from ropecheck.properties.core.contract import ROW_FORMS, CallError
+from ropecheck.properties.core.contract import ROW_FORMS, CallError, TargetHung
 
 DEFAULT_TIMEOUT = 20.0
 COMPILING_MODES = ("compile", "cudagraph")
@@ -101,6 +105,7 @@ class Caller:
         cp_size: int = 1,
         mrope=None,
         takes: tuple = (),
+        opcheck: bool = False,
     ):
         self.executor = executor
         self.call = call  # its call form
@@ -118,6 +123,8 @@ class Caller:
         self.case = None
         self.paths: set = set()  # the classes of its interface's argument values each call had
         self.launches = Recorded()  # the Triton specializations its calls launched
+        self.follow_with_opcheck = opcheck  # --opcheck: new classes of calls followed by opcheck
+        self.opchecks: list = []  # what opcheck said of the custom ops its calls made (``opcheck.Called``)
 
     def form(self, x: torch.Tensor, case=None, table_sign: int = 1) -> Optional[Form]:
         """How a call on x goes to the target: the case's split where x is the case's
@@ -190,14 +197,35 @@ class Caller:
     def outcome(
         self, op: str, args: tuple, positions: torch.Tensor, grads=None, case=None, table_sign: int = 1
     ) -> Outcome:
-        outcome = self.executor.run(self.request(op, args, positions, grads, case, table_sign))
+        request = self.request(op, args, positions, grads, case, table_sign)
+        outcome = self.executor.run(request)
         if outcome.classes:
             self.paths.add(tuple(outcome.classes.items()))
         if outcome.launches:
             self.launches.add(outcome.launches)
         if outcome.error is not None:
             raise CallError(*outcome.error)
+        if self.follow_with_opcheck:
+            self._opcheck(request, case or self.case, outcome.classes)
         return outcome
+
+    def _opcheck(self, request: Request, case, classes: dict) -> None:
+        """opcheck on the custom ops a call makes, when its class of input is new to the
+        target's process (``opcheck.call_key``): an "opcheck" request on the same inputs,
+        its time limit ``opcheck.time_limit``; what it said kept in ``opchecks`` with the
+        call in words. A request that hangs or crashes is itself what opcheck said."""
+        seen = opcheck.seen_by(self.executor)
+        key = opcheck.call_key(request)
+        if key in seen or opcheck.STOPPED in seen or not opcheck.followed(request):
+            return
+        seen.add(key)
+        asked = replace(request, op="opcheck", timeout=opcheck.time_limit(request.timeout))
+        try:
+            outcome = self.executor.run(asked)
+            called = outcome.opcheck or opcheck.failed_request(outcome.error, key, seen)
+        except TargetHung as hung:
+            called = opcheck.failed_request(("hung", str(hung)), key, seen)
+        self.opchecks.append(called.described(opcheck.call_words(request.args[0], case, classes)))
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, case=None, table_sign: int = 1) -> torch.Tensor:
         """y = f(x, positions); the target works on copies, checked afterwards. For a

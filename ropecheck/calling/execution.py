@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.overrides import has_torch_function
 
-from ropecheck.calling import api_call, context_parallel, launches, modes, timed
+from ropecheck.calling import api_call, context_parallel, launches, modes, opcheck, timed
 from ropecheck.calling.devices import Placement, to_host
 from ropecheck.calling.forms import Form, ReturnedWrong, Stages, drive
 
@@ -43,8 +43,10 @@ class Request:
     """One call of a target, as a caller asks for it and an executor runs it (in this
     process, or sent to the worker as it is).
 
-    ``op``: "call" (y = f(*args, positions)), "vjp" (y and the gradient of x for ``grads``)
-    or "plain" (f(*args) for a target that takes no tensors); ``form`` the target's call
+    ``op``: "call" (y = f(*args, positions)), "vjp" (y and the gradient of x for ``grads``),
+    "plain" (f(*args) for a target that takes no tensors) or "opcheck" (``torch.library.opcheck``
+    on the custom ops a call or, with ``grads``, a VJP on these inputs makes:
+    ``ropecheck.calling.opcheck``); ``form`` the target's call
     form (None: x); ``inplace`` whether it declares writing its output into x; ``device``
     where its tensor inputs are made; ``mode`` how it is run (``ropecheck.calling.modes``);
     ``timeout`` the seconds the call may take (the executor enforces it)."""
@@ -76,6 +78,7 @@ class Outcome:
     notes: list = field(default_factory=list)  # (message, count): what torch.compile warned of
     classes: dict = field(default_factory=dict)  # a call through an interface: factor -> the class it had
     launches: Optional[launches.Recorded] = None  # the Triton specializations it launched (``launches``)
+    opcheck: Optional[opcheck.Called] = None  # an "opcheck" request: what opcheck said of its custom ops
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -254,6 +257,7 @@ class Execution:
         self.fn = fn
         self.watch = _Watch()
         self.timing = timed.Timing(_stages, self.in_mode)  # what ``time`` keeps prepared
+        self.opchecked: set = set()  # the classes of custom-op calls opcheck has checked here
         try:
             self.in_modes: dict = _IN_MODES.setdefault(fn, {})  # mode -> fn run in it (ropecheck.modes)
         except TypeError:  # not weakly referenceable (a builtin function): this Execution's own
@@ -332,6 +336,8 @@ class Execution:
             outcome = self.vjp(r.args, r.positions, r.grads or (), r.inplace, r.form, r.device, r.mode)
         elif r.op == "plain":
             outcome = self.plain(r.args)
+        elif r.op == "opcheck":
+            outcome = self.opcheck(r)
         else:
             outcome = self.call(r.args, r.positions, r.inplace, r.form, r.device, r.mode)
         outcome.notes = modes.take_notes()
@@ -346,6 +352,30 @@ class Execution:
         if changes:
             result.info["state_changes"] = changes
         return result
+
+    def opcheck(self, r: Request) -> Outcome:
+        """``torch.library.opcheck`` on the custom-op calls of one call on ``r``'s inputs
+        (a VJP's, x requiring grad, with ``r.grads``), made eagerly on fresh copies (a
+        compiling mode's artefact is not traced into; autocast stays on); in compile mode
+        also the call compiled with fullgraph=True (``ropecheck.calling.opcheck``)."""
+        outcome = Outcome()
+        grad = r.grads is not None
+        eager = self.fn if r.mode in ("compile", "cudagraph") else self.in_mode(r.mode)
+
+        def call(fn: Callable):
+            place = Placement(r.device)
+            x = place(r.args[0])
+            if grad:
+                x = x.detach().requires_grad_(True)
+                x = x.clone() if r.inplace else x
+            with torch.set_grad_enabled(grad):
+                return _invoke(fn, (x,), place(r.positions), r.form)
+
+        with state_guard([]):  # restored, not reported: opcheck's own runs are not the target's calls
+            outcome.opcheck = opcheck.check_calls(
+                call, eager, opcheck.call_key(r), self.opchecked, fullgraph=r.mode == "compile"
+            )
+        return outcome
 
     def plain(self, args: tuple) -> Outcome:
         """fn(*args) for a target that takes no tensors to rotate (a position or table

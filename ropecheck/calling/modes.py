@@ -9,7 +9,9 @@
   STATIC_SIGNATURES input signatures so that shape-specialised code still runs; the checks
   draw one model's shapes (``ONE_MODEL_MODES``); past dynamo's recompile limit, where it
   would fall back to eager (and the verdict would be eager's under the compile label), a
-  fresh compiled function takes over (``Compiled``).
+  fresh compiled function takes over (``Compiled``). Dynamo's graph breaks and the dynamic
+  artefact's recompiles are counted with their reasons (``_CompileEvents``), as its
+  warnings are.
 - ``autocast``, ``autocast-fp16``: called inside ``torch.autocast`` of the input's device
   with bfloat16 / float16, as a model under mixed precision calls it. The inputs keep
   their dtype and are judged at its tolerance: a RoPE must not let autocast lower the
@@ -25,6 +27,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -113,14 +116,84 @@ def run_notes(clear: bool = False) -> list:
     return out
 
 
-def summary(notes) -> str:
-    """One line: how many warnings torch.compile gave, of how many kinds, the commonest."""
-    if not notes:
-        return ""
+# Dynamo's own record of a compile's graph breaks (``torch._dynamo.utils.counters``) and
+# recompiles (its compilation metrics' ``recompile_reason``), noted with these prefixes
+GRAPH_BREAK, RECOMPILE = "graph break: ", "recompile: "
+EVENT_WIDTH = 240  # characters of a graph break's or recompile's reason
+
+
+def _counted(notes, what: str) -> str:
+    """'N times (K kinds, most often Cx: 'the commonest')' of the notes ``notes`` (most
+    frequent first)."""
     total = sum(count for _, count in notes)
     top, count = notes[0]
     kinds = f"{len(notes)} kinds, " if len(notes) > 1 else ""
-    return f"torch.compile warned {total} times ({kinds}most often {count}x: {top!r}); --debug prints them"
+    return f"{what} {'once' if total == 1 else f'{total} times'} ({kinds}most often {count}x: {top!r})"
+
+
+def summary(notes) -> str:
+    """One line: how many graph breaks and recompiles dynamo made, and how many warnings
+    torch.compile gave, each with how many kinds and the commonest."""
+    breaks = [(m.removeprefix(GRAPH_BREAK), c) for m, c in notes if m.startswith(GRAPH_BREAK)]
+    recompiles = [(m.removeprefix(RECOMPILE), c) for m, c in notes if m.startswith(RECOMPILE)]
+    warned = [(m, c) for m, c in notes if not m.startswith((GRAPH_BREAK, RECOMPILE))]
+    parts = [_counted(warned, "warned") + "; --debug prints them"] if warned else []
+    if breaks:
+        parts.append(_counted(breaks, "broke the graph"))
+    if recompiles:
+        parts.append(_counted(recompiles, "recompiled"))
+    if breaks or recompiles:
+        parts[-1] += " (TORCH_LOGS=graph_breaks,recompiles shows each)"
+    return "torch.compile " + "; ".join(parts) if parts else ""
+
+
+def reason_line(text: str) -> str:
+    """A dynamo message (a graph break's, a compile error's) in one line: its first line,
+    its explanation and, when short, its developer context (which often names the op), the
+    arguments of a traced call left out (fake tensors' sizes are no reason)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    said = {
+        key: line.removeprefix(key).strip()
+        for line in lines
+        for key in ("Explanation:", "Developer debug context:")
+        if line.startswith(key)
+    }
+    line = lines[0]
+    if said.get("Explanation:"):
+        line += ": " + said["Explanation:"]
+    context = said.get("Developer debug context:", "")
+    if context and len(context) <= 100 and context not in line:
+        line += f" ({context})"
+    line = re.sub(r"\(\*\(.*?\), \*\*\{.*?\}\)", "(...)", line)
+    return line if len(line) <= EVENT_WIDTH else line[: EVENT_WIDTH - 3] + "..."
+
+
+class _CompileEvents:
+    """The graph breaks and recompiles dynamo records during a block, noted (``note``) as
+    GRAPH_BREAK and RECOMPILE notes: dynamo's counters and compilation metrics are read
+    before and after."""
+
+    def __init__(self):
+        from torch._dynamo.utils import counters, get_compilation_metrics
+
+        self.counters, self.metrics = counters, get_compilation_metrics
+        self.breaks = Counter(counters["graph_break"])
+        self.before = get_compilation_metrics()  # kept: their ids stay theirs
+
+    def note(self, recompiles: bool = True) -> None:
+        for message, count in (Counter(self.counters["graph_break"]) - self.breaks).items():
+            _pending[GRAPH_BREAK + reason_line(message)] += count
+        if not recompiles:
+            return
+        known = {id(m) for m in self.before}
+        for m in self.metrics():
+            reason = getattr(m, "recompile_reason", None)
+            # BACKEND_MATCH: another torch.compile of the same function (ropecheck's static and
+            # dynamic artefacts) compiling it for the first time
+            if id(m) not in known and reason and "BACKEND_MATCH" not in reason:
+                _pending[RECOMPILE + _first_line(reason)[:EVENT_WIDTH]] += 1
 
 
 def parse(modes) -> list:
@@ -204,6 +277,7 @@ class Compiled:
             for a in args:
                 for dim in dynamic_dims(a):
                     self.dynamo.maybe_mark_dynamic(a, dim)
+        events = _CompileEvents()
         with collecting(show=quiet.showing()), _size_oblivious(not static and not _training(args)):
             try:
                 return (self.static if static else self.dynamic)(*args)
@@ -213,6 +287,8 @@ class Compiled:
                 self.static = torch.compile(self.fn, dynamic=False)
                 self.dynamic = torch.compile(self.fn, dynamic=None)
                 return (self.static if static else self.dynamic)(*args)
+            finally:  # a static artefact recompiles for each of its signatures by design
+                events.note(recompiles=not static)
 
 
 def _training(args) -> bool:

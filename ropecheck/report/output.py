@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ropecheck.calling import modes as run_modes
 from ropecheck.calling.launches import Recorded
+from ropecheck.session import opcheck_row
 from ropecheck.session.session import column_label
 
 SCHEMA_VERSION = 2  # 2: causes, notes, diagnosis, unsupported dtypes, exit status, reason
@@ -136,7 +137,7 @@ def print_failures(console: Console, session) -> None:
         _detail(console, "likely cause: ", cause.get("diagnosis", ""))
         for other in cause.get("also", []):
             _detail(console, f"{other['property']} ({other['dtype']}): ", other["message"])
-        _detail(console, "minimal counterexample: ", cause["counterexample"])
+        _detail(console, cause["counterexample_label"], cause["counterexample"])
         _detail(console, "reproduce: ", cause["reproduce"])
     for r in session.results:
         if r.status not in ("failed", "error", "known") or r.cause:
@@ -148,7 +149,7 @@ def print_failures(console: Console, session) -> None:
         )
         _detail(console, "", r.message)
         _detail(console, "likely cause: ", r.diagnosis)
-        _detail(console, "minimal counterexample: ", r.counterexample)
+        _detail(console, r.counterexample_label(), r.counterexample)
         _detail(console, "reproduce: ", r.reproduce)
 
 
@@ -215,6 +216,12 @@ def print_notes(console: Console, session, debug: bool = False) -> None:
             untried.setdefault(r.untried, []).append(column_label(r.dtype, r.mode))
     for said, columns in untried.items():
         console.print(f"{said} [{', '.join(columns)}]", markup=False, soft_wrap=True, highlight=False)
+    opchecked: dict = {}  # what the opcheck rows that found nothing say, once each
+    for r in session.results:
+        if r.property == opcheck_row.NAME and r.status in ("passed", "skipped"):
+            opchecked.setdefault(r.message, []).append(column_label(r.dtype, r.mode))
+    for said, columns in opchecked.items():
+        console.print(f"opcheck: {said} [{', '.join(columns)}]", markup=False, soft_wrap=True, highlight=False)
     compiled = run_modes.summary(session.compile_notes)
     if compiled:
         console.print(f"\n[yellow]compile[/]: {escape(compiled)}", soft_wrap=True)

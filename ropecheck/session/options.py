@@ -237,6 +237,13 @@ OPTIONS: tuple[Option, ...] = (
         f"{SANITIZE_EXAMPLES} examples per check (the sanitizer slows calls 10 to 100 times). Needs a CUDA device "
         "(--device cuda) and compute-sanitizer; exit 2 without them.",
         RUN, choices=TOOLS, flag_value="memcheck", families=TENSOR_FAMILIES, metavar="[TOOL]"),
+    Option("opcheck",
+        "Run torch.library.opcheck (test_schema, test_autograd_registration, test_faketensor, "
+        "test_aot_dispatch_dynamic) on each custom op the target is or calls (torch.library ops; not aten, prim, "
+        "prims), with the arguments the checks' calls pass it: every drawn layout, call form and interface class. "
+        "With --mode compile each call is also compiled with fullgraph=True: a graph break is a finding. Findings "
+        "fail the opcheck row (one per op and test). See docs/user-guide.md.",
+        RUN, default=False, kind=SWITCH, families=TENSOR_FAMILIES),
     Option("jobs",
         "Processes the checks are shared among, each with its target's own worker; the verdicts are the same. "
         "Default: 2 where the run can share (two cores or more; a worker, eager, on the CPU, not --sanitize), "

@@ -179,4 +179,5 @@ def prepare(
         modes=list(options.modes),
         options=options,
         compiles_per_shape=bool(launched.keys),
+        opcheck=bool(options.get("opcheck")),
     )

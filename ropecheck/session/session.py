@@ -1,6 +1,7 @@
 """A check session: a target's properties x dtypes x modes, run through the one runner
-(``properties.runner``), with the position-range probe first (1-D RoPE), known failures
-applied and failures that share a root cause grouped. Every front door runs one: the CLI
+(``properties.runner``), with the position-range probe first (1-D RoPE), with --opcheck an
+opcheck row last, made of the checks' calls (``opcheck_row``), known failures applied and
+failures that share a root cause grouped. Every front door runs one: the CLI
 and the Python API all at once (``run``), the pytest plugin one check per test
 (``run_one``), the conformance report one per target. ``ropecheck.session.prepare`` makes
 it."""
@@ -22,7 +23,7 @@ from ropecheck.properties.core.sizes import Sizes
 from ropecheck.properties.inputs.strategies import FREE_HEAD_DIMS, MAX_POSITION
 from ropecheck.properties.property import RANGE_PROBE, Property
 from ropecheck.properties.runner import Result, RunOptions, run_property
-from ropecheck.session import known_failures
+from ropecheck.session import known_failures, opcheck_row
 from ropecheck.session.options import Options
 from ropecheck.session.sharing import Share
 from ropecheck.targets.target import MIN_MAX_POSITION, Target
@@ -115,6 +116,8 @@ class Session:
     # its warm-up launched Triton kernels: each new shape is a compile on a GPU, so the
     # checks draw their shapes from a pool (``Sizes.pool``, ``--sizes ...,pool=auto``)
     compiles_per_shape: bool = False
+    # --opcheck: the checks' calls followed by torch.library.opcheck, an opcheck row per column
+    opcheck: bool = False
 
     @property
     def eager_sizes(self) -> Sizes:
@@ -125,8 +128,9 @@ class Session:
 
     @property
     def rows(self) -> list[str]:
-        """The table's rows: the position-range probe, then the properties."""
-        return ([RANGE_PROBE] if self.range_probe else []) + [p.name for p in self.properties]
+        """The table's rows: the position-range probe, the properties, then opcheck's."""
+        probe = [RANGE_PROBE] if self.range_probe else []
+        return probe + [p.name for p in self.properties] + ([opcheck_row.NAME] if self.opcheck else [])
 
     @property
     def columns(self) -> list[tuple[str, str]]:
@@ -171,6 +175,8 @@ class Session:
             return self._crashed(prop, dtype, mode)
         target = self.target_for(dtype)
         run_in = target if mode == "eager" else replace(target, mode=mode)
+        if self.opcheck:
+            run_in = replace(run_in, opcheck=True)
         options = self.run_options
         if mode in run_modes.ONE_MODEL_MODES:
             options = replace(options, sizes=options.drawn_sizes.one_model())
@@ -188,6 +194,11 @@ class Session:
         if name == RANGE_PROBE:
             self.target_for(dtype)
             return next(r for r in self.results if r.property == RANGE_PROBE and r.dtype == dtype)
+        if name == opcheck_row.NAME:
+            try:
+                return self._record(self.opcheck_row(dtype, mode, run_missing=True))
+            except TargetHung as exc:
+                return self._hung(exc, name, opcheck_row.FORMULA, dtype, mode)
         prop = next(p for p in self.properties if p.name == name)
         try:
             return self._record(self.check(prop, dtype, mode))
@@ -229,9 +240,27 @@ class Session:
                 except TargetHung as exc:
                     self._hung(exc, *running[:2], dtype, running[2], on_result)
                     break
+        if self.opcheck and not self.stopped:
+            for dtype, mode in self.columns:
+                self._record(self.opcheck_row(dtype, mode), on_result)
         self.causes = group_causes(self.results)
         self.compile_notes = run_modes.run_notes()
         return self.results
+
+    def opcheck_row(self, dtype: str, mode: str, run_missing: bool = False) -> Result:
+        """The column's opcheck row (``opcheck_row.row``), made from the records of the
+        column's checks; ``run_missing``: the checks this process has not run in it (a
+        pytest process that ran only some) are run first, for their calls (not recorded)."""
+        column = [r for r in self.results if (r.dtype, r.mode) == (dtype, mode)]
+        if run_missing and dtype not in self.crashes:
+            ran = {r.property for r in column}
+            column += [self.check(p, dtype, mode) for p in self.properties if p.name not in ran]
+        # a finding is rerun with the check whose calls showed it (pytest: the opcheck test,
+        # which runs the checks it is made of)
+        pytest = self.options is not None and self.options.door == "pytest"
+        return opcheck_row.row(
+            column, dtype, mode, lambda name: self.reproduce(opcheck_row.NAME if pytest else name, mode, dtype)
+        )
 
     @property
     def checks(self) -> list[tuple[str, str, Property]]:
@@ -344,6 +373,7 @@ def group_causes(results: list[Result]) -> list[dict]:
                 "message": first.message,
                 "diagnosis": first.diagnosis,
                 "counterexample": first.counterexample,
+                "counterexample_label": first.counterexample_label(),
                 "reproduce": first.reproduce,
                 "properties": list(dict.fromkeys(r.property for r in members)),
                 "dtypes": list(dict.fromkeys(column_label(r.dtype, r.mode) for r in members)),

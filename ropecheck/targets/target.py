@@ -61,6 +61,7 @@ class Target:
     devices: tuple[str, ...] = ("cpu", "cuda")
     device: str = "cpu"
     mode: str = "eager"  # how the checks run it (--mode, ropecheck.calling.modes)
+    opcheck: bool = False  # its calls followed by torch.library.opcheck (--opcheck, ropecheck.calling.opcheck)
     # the library interface it is called through (--api: a preset of ropecheck.calling.presets)
     api: Optional[str] = None
     # context-parallel ranks its interface's calls are split across (--cp-size)
@@ -132,6 +133,7 @@ class Target:
             cp_size=self.cp_size,
             mrope=self.mrope,
             takes=self.optional_params,
+            opcheck=self.opcheck,
         )
 
     def with_(self, **changes) -> "Target":
