@@ -420,3 +420,45 @@ for _name, _flags in {
 }.items():
     _kernel = _name.split("-")[0]
     CHECKS[f"mrope-serving-{_name.replace('_', '-')}"] = [f"{_MRS}:{_kernel}", *_flags]
+
+# a model's own config (issue 45): --hf-config on configs of real models, transformers' modules and
+# each serving stack's slip of a config (tests/hf_config_kernels.py, tests/p_rope_kernels.py)
+_HFC = "tests/data/hf_configs"
+_HFK = "tests/hf_config_kernels.py"
+for _name, (_kernel, _config, _layer) in {
+    "phi2": (f"{_HFK}:phi2", "phi-2.json", None),
+    "phi2-partial-twice": (f"{_HFK}:phi2_partial_twice", "phi-2.json", None),
+    "phi2-partial-over-head": (f"{_HFK}:phi2_partial_over_head", "phi-2.json", None),
+    "laguna-yarn": (f"{_HFK}:laguna_yarn", "laguna-yarn-attention-factor.json", None),
+    "laguna-yarn-default-mscale": (f"{_HFK}:laguna_yarn_default_mscale", "laguna-yarn-attention-factor.json", None),
+    "gemma3-local": ("tests/real_config_kernels.py:gemma3_local", "gemma-3-4b-it.json", "sliding_attention"),
+    "gemma3-local-with-global-base": (f"{_HFK}:gemma3_local_with_global_base", "gemma-3-4b-it.json",
+                                      "sliding_attention"),
+    "gemma3-global": ("tests/real_config_kernels.py:gemma3_global", "gemma-3-4b-it.json", "full_attention"),
+    "gemma3-global-unscaled": (f"{_HFK}:gemma3_global_unscaled", "gemma-3-4b-it.json", "full_attention"),
+    "qwen3-8b": (f"{_HFK}:qwen3_8b", "qwen3-8b.json", None),
+    "llama31": ("tests/real_config_kernels.py:llama31", "llama-3.1-8b.json", None),
+    "deepseek-v3": ("tests/real_config_kernels.py:deepseek_v3_yarn", "deepseek-v3.json", None),
+    "gpt-oss": ("tests/real_config_kernels.py:gpt_oss_yarn", "gpt-oss-20b.json", None),
+    "phi3-mini-128k": (f"{_HFK}:phi3_mini_128k", "phi-3-mini-128k-instruct.json", None),
+    "qwen2vl": ("tests/real_config_kernels.py:qwen2vl_mrope_vllm", "qwen2-vl-7b-instruct.json", None),
+    "p-rope": ("tests/p_rope_kernels.py:p_rope", "gemma4-proportional.json", "full_attention"),
+    "p-rope-as-partial-rotary": ("tests/p_rope_kernels.py:p_rope_as_partial_rotary", "gemma4-proportional.json",
+                                 "full_attention"),
+}.items():
+    CHECKS[f"hf-config-{_name}"] = [_kernel, "--hf-config", f"{_HFC}/{_config}",
+                                    *(["--layer-type", _layer] if _layer else []), *F32_BF16]
+
+# the op around the kernel (issue 45): torch.library custom ops under --opcheck, a correct RoPE
+# underneath each, the registration wrong or right (tests/custom_op_kernels.py)
+_OPS = "tests/custom_op_kernels.py"
+for _name, _flags in {
+    "rope_op": [],
+    "rope_strided_fake": [],
+    "strided_wrapper": [],
+    "rope_aliasing": ["--inplace", "--no-backward"],
+    "plain_rope": [],
+}.items():
+    CHECKS[f"opcheck-{_name.replace('_', '-')}"] = [f"{_OPS}:{_name}", *HALF, "--opcheck", *_flags, *F32]
+CHECKS["opcheck-vllm-op"] = [f"{_OPS}:vllm_op", "--api", "vllm", *HALF, "--opcheck", *F32]
+CHECKS["opcheck-vllm-unannotated"] = [f"{_OPS}:vllm_unannotated", "--api", "vllm", *HALF, "--opcheck", *F32]

@@ -442,3 +442,23 @@ def test_the_pytest_plugin_takes_it(pytester):
     result.assert_outcomes(passed=1)
     refused = pytester.runpytest_subprocess(*args, "--rope-hf-config", "config.json", "--rope-base", "10000")
     assert refused.ret != 0 and "--rope-base 10000 contradicts --rope-hf-config config.json" in refused.stderr.str()
+
+
+# --- (d) what serving stacks got wrong of a config: each slip fails under the model's config -------
+
+SLIPS = [  # (kernel, config, layer type, passes): the model's kernel passes, each slip of it fails
+    ("phi2", "phi-2.json", None, True),
+    ("phi2_partial_twice", "phi-2.json", None, False),  # partial_rotary_factor applied twice (vLLM PRs #41185, #29966)
+    ("phi2_partial_over_head", "phi-2.json", None, False),  # wired to the wrong dimension (the same PRs)
+    ("laguna_yarn", "laguna-yarn-attention-factor.json", None, True),
+    ("laguna_yarn_default_mscale", "laguna-yarn-attention-factor.json", None, False),  # vLLM PR #46280
+    ("gemma3_local_with_global_base", "gemma-3-4b-it.json", "sliding_attention", False),
+    ("gemma3_global_unscaled", "gemma-3-4b-it.json", "full_attention", False),
+]
+
+
+@pytest.mark.parametrize("name, file, layer_type, passes", SLIPS, ids=[s[0] for s in SLIPS])
+def test_a_serving_stacks_slip_of_a_config_fails_under_it(name, file, layer_type, passes):
+    chosen = {"layer_type": layer_type} if layer_type else {}
+    report = ropecheck.check(getattr(kernels, name), hf_config=str(DATA / file), **FAST, **chosen)
+    assert report.passed == passes, report.summary()
