@@ -36,7 +36,8 @@ from tests import p_rope_kernels
 from tests import real_config_kernels as real
 
 DATA = Path(__file__).with_name("data") / "hf_configs"
-FAST = dict(profile="ci", max_examples=4, dtypes="float32")
+# in-process: the kernels are plain torch (a worker is not what these tests are about)
+FAST = dict(profile="ci", max_examples=4, dtypes="float32", in_process=True)
 
 
 @dataclass(frozen=True)
