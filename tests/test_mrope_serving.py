@@ -70,7 +70,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("name, api, options, prop", BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_mrope_serving_kernel_fails(name, api, options, prop):
-    report = run(name, api, **options)
+    report = run(name, api, properties=[prop], **options)  # the property that must catch it
     assert any(r.property == prop for r in report.failures), failures(report) or "passed"
 
 

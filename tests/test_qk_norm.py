@@ -74,7 +74,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("name, api, options, prop, words", BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_fused_kernel_fails(name, api, options, prop, words):
-    report = run(name, api, **options)
+    report = run(name, api, properties=[prop], **options)  # the property that must catch it
     caught = [r for r in report.failures if r.property == prop]
     assert caught, failures(report) or "passed"
     said = caught[0].message + "\n" + caught[0].counterexample
