@@ -51,7 +51,9 @@ def test_a_correct_kernel_in_its_libraries_signature_passes(name, api, options):
 
 @pytest.mark.parametrize("name", ["ropecheck-cache-rope", "ropecheck-cache-rope-flashinfer"])
 def test_the_projects_own_table_fed_kernel_passes_through_the_serving_presets(name):
-    report = ropecheck.check(name, dtypes=DTYPES, properties=QUICK, in_process=True)
+    # 5 drawn examples (ci draws 20) beside the fixed, critical and size switch inputs: the
+    # kernel runs under Triton's interpreter here, as test_adapters' and test_triton_kernel's do
+    report = ropecheck.check(name, dtypes=DTYPES, properties=QUICK, in_process=True, max_examples=5)
     assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
 
 
