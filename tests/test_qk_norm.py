@@ -15,6 +15,7 @@ from ropecheck.properties.core import normalization
 from ropecheck.properties.core.dtypes import UNIT_ROUNDOFF
 from ropecheck.properties.tolerance import ErrorModel
 from tests.test_cli import check as cli_check
+from tests.test_presets import CORRECT_DRAWS
 
 KERNELS = "tests/qk_norm_kernels.py"
 DTYPES = "float32,bfloat16"
@@ -53,7 +54,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{n}-{len(o)}" for n, a, o in CORRECT])
 def test_a_correct_fused_kernel_passes(name, api, options):
-    report = run(name, api, **options)
+    report = run(name, api, max_examples=CORRECT_DRAWS, **options)  # (tests/test_presets.py says why)
     assert report.passed, failures(report)
 
 
