@@ -37,10 +37,9 @@ def _cos_sin(cos_sin_cache, positions, sections, interleaved, bug=""):
         rows = rows.expand(3, -1)
     if bug == "temporal":  # sglang #35744: only the temporal row read
         rows = rows[:1].expand(3, -1)
-    cache = cos_sin_cache.float()
-    half = cache.shape[-1] // 2
+    half = cos_sin_cache.shape[-1] // 2
     axis = axes_of(sections, interleaved, bug)
-    picked = cache[rows]  # (3, T, r)
+    picked = cos_sin_cache[rows].float()  # (3, T, r): the rows read, in float32 (not the whole cache each call)
     index = torch.arange(half)
     cos = picked[axis, :, index].T  # (T, r/2): pair i from its axis' row
     sin = picked[axis, :, half + index].T

@@ -317,14 +317,18 @@ def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=
     r = freqs.shape[-1]
     half = freqs[..., : r // 2] if not interleaved else freqs[..., 0:r:2]
     table = half.reshape(freqs.shape[0], r // 2)  # (P, r/2) float32 angles
-    cos_t, sin_t = torch.cos(table), torch.sin(table)
+
+    def cos_sin(rows):  # cos and sin of the rows read (not of all P: 2^16 rows a call, most of the time)
+        angles = table[rows]
+        return torch.cos(angles), torch.sin(angles)
+
     if tensor_format == "thd":
         out = torch.empty_like(t)
         for b in range(len(cu_seqlens) - 1):
             s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
             start = 0 if start_positions is None else int(start_positions[0 if row0 else b])
-            rows = start + torch.arange(e - s, device=t.device)
-            out[s:e] = _rotate(t[s:e], cos_t[rows][:, None], sin_t[rows][:, None], not interleaved)
+            cos, sin = cos_sin(start + torch.arange(e - s, device=t.device))
+            out[s:e] = _rotate(t[s:e], cos[:, None], sin[:, None], not interleaved)
         return out
     bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
     batch, seqlen = bshd.shape[:2]
@@ -336,8 +340,8 @@ def _te(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, row0=
         starts = start_positions.long() if buffer_as_batch else start_positions[:batch].long()
     if row0:
         starts = starts[:1].expand(batch)
-    rows = starts[:, None] + torch.arange(seqlen, device=t.device)
-    y = _rotate(bshd, cos_t[rows][:, :, None], sin_t[rows][:, :, None], not interleaved)
+    cos, sin = cos_sin(starts[:, None] + torch.arange(seqlen, device=t.device))
+    y = _rotate(bshd, cos[:, :, None], sin[:, :, None], not interleaved)
     return y.transpose(0, 1) if tensor_format == "sbhd" else y
 
 

@@ -220,10 +220,12 @@ def test_two_runs_of_the_same_commit_compare_clean_in_every_dtype(tmp_path):
     """The ci profile is derandomized and the sweep fixed: every figure of every dtype is
     the same on a second run (rotate-half, the four dtypes, every property)."""
     base = tmp_path / "main.json"
-    first = cli("check", "--profile", "ci", "--json", str(base))
+    # --in-process: what is compared is the runs' figures, not where the target ran
+    first = cli("check", "--profile", "ci", "--json", str(base), "--in-process")
     assert first.exit_code == 0, first.output
     assert json.loads(base.read_text())["dtypes"] == ["float32", "bfloat16", "float16", "float64"]
-    again = cli("check", "--profile", "ci", "--baseline", str(base), "--json", str(tmp_path / "again.json"))
+    again = cli("check", "--profile", "ci", "--baseline", str(base), "--json", str(tmp_path / "again.json"),
+                "--in-process")
     assert again.exit_code == 0, again.output
     comparison = json.loads((tmp_path / "again.json").read_text())["baseline"]
     assert comparison["figures_compared"] == 4 * (sum(not p.needs_table for p in PROPERTIES.values()) + 1) and comparison["deltas"] == [] and comparison["not_compared"] == []

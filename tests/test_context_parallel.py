@@ -13,6 +13,7 @@ import ropecheck
 from ropecheck.properties.interfaces.context_parallel import Split
 from tests import cp_kernels
 from tests.test_cli import check as cli_check
+from tests.test_presets import CORRECT_DRAWS
 
 KERNELS = "tests/cp_kernels.py"
 DTYPES = "float32,bfloat16"
@@ -48,7 +49,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{n}-{o}" for n, a, o in CORRECT])
 def test_a_correct_kernel_under_context_parallelism_passes(name, api, options):
-    report = run(name, api, **options)
+    report = run(name, api, max_examples=CORRECT_DRAWS, **options)  # (tests/test_presets.py says why)
     assert report.passed, [(r.property, r.dtype, r.message) for r in report.failures]
 
 

@@ -21,7 +21,8 @@ from ropecheck.properties.inputs.cases import Case
 from tests.test_cli import check as cli_check
 
 KERNELS = "tests/path_kernels.py"
-DEFAULT = ["--layout", "half", "--dtype", "float32,bfloat16", "--property", "reference", "--seed", "7"]
+# --in-process: plain torch kernels, whose tensors a worker would be sent and send back each call
+DEFAULT = ["--layout", "half", "--dtype", "float32,bfloat16", "--property", "reference", "--seed", "7", "--in-process"]
 
 CORRECT = [
     ("flash_varlen_correct", ["--api", "flash-attn"]),

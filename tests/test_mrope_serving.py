@@ -13,6 +13,7 @@ import ropecheck
 from ropecheck.properties.interfaces.draws import media_of
 from ropecheck.reference.multimodal import qwen2vl_positions
 from tests.test_cli import check as cli_check
+from tests.test_presets import CORRECT_DRAWS
 
 KERNELS = "tests/mrope_serving_kernels.py"
 QUICK = ["contract", "invertibility", "reference"]
@@ -44,7 +45,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, api, options", CORRECT, ids=[f"{a}-{n}-{len(o)}" for n, a, o in CORRECT])
 def test_a_correct_mrope_kernel_passes_through_the_serving_presets(name, api, options):
-    report = run(name, api, **options)
+    report = run(name, api, max_examples=CORRECT_DRAWS, **options)  # (tests/test_presets.py says why)
     assert report.passed, failures(report)
 
 
@@ -70,7 +71,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("name, api, options, prop", BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_mrope_serving_kernel_fails(name, api, options, prop):
-    report = run(name, api, **options)
+    report = run(name, api, properties=[prop], **options)  # the property that must catch it
     assert any(r.property == prop for r in report.failures), failures(report) or "passed"
 
 

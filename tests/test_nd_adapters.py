@@ -25,8 +25,10 @@ DEFECTIVE = {"rotary-embedding-torch-axial-offsets"}
 
 
 def _check(*args):
+    # in-process: a worker forked per check imported transformers' modeling code anew (5 s
+    # of an HF adapter's 6; the test process imports it once)
     return CliRunner().invoke(main, ["check", *args, "--profile", "ci", "--max-examples", "4",
-                                     "--dtype", "float32"])
+                                     "--dtype", "float32", "--in-process"])
 
 
 @pytest.mark.parametrize("name", ROTATIONS)

@@ -28,7 +28,11 @@ OFFSET = ("--family", "axial", "--layout", "interleaved", "--coord-range", "0:64
 
 
 def _check(kernel, *flags, dtype="float32"):
-    return CliRunner().invoke(main, ["check", f"{KERNELS}:{kernel}", *flags, "--profile", "ci", "--dtype", dtype])
+    # --in-process: plain torch kernels, whose tensors a worker would be sent and send back
+    # each call; a worker is not what these tests are about
+    return CliRunner().invoke(
+        main, ["check", f"{KERNELS}:{kernel}", *flags, "--profile", "ci", "--dtype", dtype, "--in-process"]
+    )
 
 
 def _expect(code: int) -> tuple:

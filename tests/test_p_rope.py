@@ -31,7 +31,11 @@ CONV = Convention("half", 1e6, 512, rotated_fraction=0.25)
 
 
 def run(kernel: str, *args) -> tuple[int, str]:
-    out = CliRunner().invoke(main, ["check", f"{kernels.__file__}:{kernel}", *P_ROPE, "--dtype", "float32", *args])
+    # in-process: plain torch kernels at head size 512, whose tensors a worker is sent and sends
+    # back each call (a third of a run's time); a worker is not what these tests are about
+    out = CliRunner().invoke(
+        main, ["check", f"{kernels.__file__}:{kernel}", *P_ROPE, "--dtype", "float32", "--in-process", *args]
+    )
     return out.exit_code, out.output
 
 
@@ -114,7 +118,7 @@ def test_a_plain_rope_kernel_fails_a_rotated_fraction():
     out = CliRunner().invoke(
         main,
         ["check", f"{kernels.__file__}:rope_512", "--layout", "half", "--base", "1000000", "--rotary-dim", "512",
-         "--dtype", "float32", "--profile", "ci", "--property", "reference"],
+         "--dtype", "float32", "--profile", "ci", "--property", "reference", "--in-process"],
     )
     assert out.exit_code == 0, out.output
 
@@ -155,5 +159,6 @@ def test_transformers_gemma4_p_rope_passes_and_is_listed():
         pytest.skip(why)
     listed = CliRunner().invoke(main, ["list"], terminal_width=200)
     assert "--rotated-fraction 0.25" in listed.output and "hf-gemma4-global" in listed.output
-    report = ropecheck.check("hf-gemma4-global", profile="ci", max_examples=4, dtypes="float32")
+    # in-process: a worker imported transformers' modeling code anew
+    report = ropecheck.check("hf-gemma4-global", profile="ci", max_examples=4, dtypes="float32", in_process=True)
     assert report.passed, report.summary()

@@ -10,8 +10,12 @@ editable install is stale (made before properties/ installed as ropecheck.proper
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -55,6 +59,47 @@ def run(pytester, *args):
     return pytester.runpytest_subprocess(*BASE_ARGS, *args)
 
 
+def runpytest_in(path: Path, *args: str) -> pytest.RunResult:
+    """pytester.runpytest_subprocess's run, from a folder a module-scoped fixture made (a
+    pytester folder is one test's): pytest in a fresh interpreter run from ``path``, that
+    folder first on PYTHONPATH, HOME there, no PYTEST_ADDOPTS, no colours. For the runs
+    whose output several tests read (each run is an interpreter importing torch: 4 s here,
+    10 to 14 s under CI's load)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "TOX_ENV_DIR")}
+    env.update(HOME=str(path), USERPROFILE=str(path), PY_COLORS="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH", "")])))
+    start = time.time()
+    done = subprocess.run([sys.executable, "-mpytest", f"--basetemp={path / 'basetemp'}", *args], cwd=path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return pytest.RunResult(done.returncode, done.stdout.splitlines(), done.stderr.splitlines(), time.time() - start)
+
+
+@pytest.fixture(scope="module")
+def flipped_run(tmp_path_factory):
+    """The whole suite on the sign-flipped kernel declared half, with --junitxml: its
+    failing reference test, the JUnit record and the reproduce lines (two tests read it)."""
+    path = tmp_path_factory.mktemp("flipped")
+    (path / "flipped.py").write_text(SIGN_FLIPPED)
+    result = runpytest_in(path, *BASE_ARGS, "--rope-target", "flipped.py:rope", "--rope-layout", "half",
+                          f"--junitxml={path / 'report.xml'}")
+    return result, path / "report.xml"
+
+
+HEADER = """
+def pytest_report_header(config):
+    return [f"rope_call={config.getoption('rope_call')!r}"]
+"""
+
+
+@pytest.fixture(scope="module")
+def identity_run(tmp_path_factory):
+    """The built-in target's identity test alone (-k identity -v), with a conftest printing
+    --rope-call's value in the header (two tests read it)."""
+    path = tmp_path_factory.mktemp("identity")
+    (path / "conftest.py").write_text(HEADER)
+    return runpytest_in(path, *BASE_ARGS, "--rope-target", "rotate-half", "-k", "identity", "-v")
+
+
 def test_builtin_target_passes_every_property(pytester):
     report = pytester.path / "report.xml"
     result = run(pytester, "--rope-target", "rotate-half", f"--junitxml={report}")
@@ -65,11 +110,8 @@ def test_builtin_target_passes_every_property(pytester):
     assert root.findall(".//failure") == [] and root.findall(".//error") == []
 
 
-def test_sign_flipped_file_target_fails_reference(pytester):
-    pytester.makepyfile(flipped=SIGN_FLIPPED)
-    report = pytester.path / "report.xml"
-    result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half",
-                 f"--junitxml={report}")
+def test_sign_flipped_file_target_fails_reference(flipped_run):
+    result, report = flipped_run
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, outcomes
     assert outcomes.get("failed", 0) + outcomes.get("passed", 0) == N_TESTS, outcomes
@@ -86,8 +128,8 @@ def test_sign_flipped_file_target_fails_reference(pytester):
     assert len(failed) == outcomes["failed"]
 
 
-def test_keyword_selects_one_property(pytester):
-    result = run(pytester, "--rope-target", "rotate-half", "-k", "identity", "-v")
+def test_keyword_selects_one_property(identity_run):
+    result = identity_run
     result.assert_outcomes(passed=1, deselected=ALL - 1)
     result.stdout.fnmatch_lines(["*test_property?rotate-half-float32-identity? PASSED*"])
 
@@ -100,10 +142,8 @@ def test_target_without_convention_skips_reference_checks(pytester):
     result.assert_outcomes(passed=N_TESTS - 1, skipped=1)
 
 
-def test_reproduce_hint_names_the_target(pytester):
-    pytester.makepyfile(flipped=SIGN_FLIPPED)
-    result = run(pytester, "--rope-target", "flipped.py:rope", "--rope-layout", "half",
-                 "-k", "reference")
+def test_reproduce_hint_names_the_target(flipped_run):
+    result, _ = flipped_run  # the whole suite's run: its reference test fails
     hints = [line for line in result.stdout.lines if line.startswith("reproduce:")]
     assert hints
     assert all("--rope-target flipped.py:rope" in h and "--rope-layout half" in h for h in hints), hints
@@ -146,13 +186,10 @@ def test_the_target_s_worker_is_forked_unless_torch_ran_before_the_suite(pyteste
         assert fresh == {pytest_pid}
 
 
-def test_rope_call_reaches_the_engine(pytester):
+def test_rope_call_reaches_the_engine(pytester, identity_run):
     """--rope-call qk checks a kernel in its (q, k) signature; a rope(x, positions) target
     asked for it is a clean usage error."""
-    pytester.makeconftest('''
-        def pytest_report_header(config):
-            return [f"rope_call={config.getoption('rope_call')!r}"]
-    ''')
+    pytester.makeconftest(HEADER)
     pytester.makepyfile(qk_kernel='''
         from ropecheck.targets.builtins import make_rotate_half
         _rope = make_rotate_half()
@@ -166,8 +203,7 @@ def test_rope_call_reaches_the_engine(pytester):
     result = run(pytester, "--rope-target", "rotate-half", "--rope-call", "qk", "-k", "identity")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "rope(q, k, positions)" in result.stdout.str() + result.stderr.str()
-    result = run(pytester, "--rope-target", "rotate-half", "-k", "identity")
-    result.stdout.fnmatch_lines(["rope_call=None"])
+    identity_run.stdout.fnmatch_lines(["rope_call=None"])  # not given: None (the same header, another run)
 
 
 def test_unknown_rope_call_is_a_usage_error(pytester):
@@ -202,24 +238,34 @@ SET_UP = ('rope_target = "flipped.py:rope"', 'rope_dtype = "float32"', 'rope_max
           'rope_profile = "ci"')
 
 
-def test_ini_options_add_the_suite_to_a_plain_pytest_run(pytester):
+@pytest.fixture(scope="module")
+def ini_project(tmp_path_factory):
+    """A kernel project with rope_target and rope_layout = "interleaved" in its ini file, and
+    its plain `pytest` run with --junitxml (two tests read it)."""
+    path = tmp_path_factory.mktemp("project")
+    (path / "flipped.py").write_text(SIGN_FLIPPED)
+    (path / "test_own.py").write_text(PROJECT_TEST)
+    (path / "pyproject.toml").write_text("\n".join(["[tool.pytest.ini_options]", *SET_UP, 'rope_layout = "interleaved"']))
+    return path, runpytest_in(path, "-p", "no:cacheprovider", f"--junitxml={path / 'report.xml'}")
+
+
+def test_ini_options_add_the_suite_to_a_plain_pytest_run(ini_project):
     """rope_target in the ini file puts the suite into `pytest`; the flags override it."""
-    project(pytester, *SET_UP, 'rope_layout = "interleaved"')
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    path, result = ini_project
     # the project's own test, and the suite: rotation by -m in the half layout is not the
     # interleaved reference
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] + outcomes["failed"] == N_TESTS + 1, outcomes
     result.stdout.fnmatch_lines(["*test_own.py .*", "*FAILED*test_property?flipped.py:rope-float32-reference?*"])
     # -k, and a flag overriding the ini value (--rope-layout half: still wrong, by its sign)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "reference", "--rope-layout", "half")
+    result = runpytest_in(path, "-p", "no:cacheprovider", "-k", "reference", "--rope-layout", "half")
     result.assert_outcomes(failed=1, deselected=ALL)
     assert "the target rotates clockwise" in result.stdout.str()
     # -x stops at the first failure
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-x")
+    result = runpytest_in(path, "-p", "no:cacheprovider", "-x")
     assert result.parseoutcomes()["failed"] == 1
     # paths on the command line: only those run
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_own.py")
+    result = runpytest_in(path, "-p", "no:cacheprovider", "test_own.py")
     result.assert_outcomes(passed=1)
 
 
@@ -229,13 +275,9 @@ def test_the_suite_joins_whatever_the_projects_python_files(pytester):
     result.assert_outcomes(failed=1, deselected=ALL - 1)  # test_own.py is not collected
 
 
-def test_junit_names_carry_the_target(pytester):
-    project(pytester, *SET_UP, 'rope_layout = "half"')
-    report = pytester.path / "report.xml"
-    # the names of the three kinds of test (the whole suite's run is the ini test's)
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "own or position_range or reference",
-                                  f"--junitxml={report}")
-    cases = list(ET.parse(report).getroot().iter("testcase"))
+def test_junit_names_carry_the_target(ini_project):
+    # the names of the three kinds of test, in the JUnit record of the ini test's whole run
+    cases = list(ET.parse(ini_project[0] / "report.xml").getroot().iter("testcase"))
     names = {case.get("name") for case in cases}
     assert {case.get("classname") for case in cases} == {"test_own", "test_properties"}
     assert "test_the_projects_own_test" in names

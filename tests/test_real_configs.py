@@ -46,7 +46,9 @@ ROTATIONS = {
 
 
 def _check(name: str, **flags):
-    return ropecheck.check(f"{KERNELS}:{name}", dtypes=DTYPES, **FAST, **flags)
+    # in-process: plain torch kernels at real head sizes (256 features), whose tensors a worker
+    # would be sent and send back each call; a worker is not what these tests are about
+    return ropecheck.check(f"{KERNELS}:{name}", dtypes=DTYPES, in_process=True, **FAST, **flags)
 
 
 @pytest.mark.parametrize("name", sweep(CONFIGS))
@@ -72,7 +74,8 @@ def test_spec_free_checks_pass_at_real_settings(name):
     ],
 )
 def test_invertibility_still_catches_a_lost_position_at_real_settings(name, flags):
-    report = ropecheck.check(f"{KERNELS}:{name}", dtypes="bfloat16", properties="invertibility", **FAST, **flags)
+    report = ropecheck.check(f"{KERNELS}:{name}", dtypes="bfloat16", properties="invertibility", in_process=True,
+                             **FAST, **flags)
     assert report.verdict == "failed", report.summary()
 
 
@@ -89,5 +92,6 @@ def test_hf_modules_at_real_settings_pass(name):
     why = ADAPTERS[name].why_unavailable()
     if why:
         pytest.skip(why)
-    report = ropecheck.check(name, dtypes=DTYPES, **FAST)
+    # in-process: a worker imported transformers' modeling code anew for each module (5 s)
+    report = ropecheck.check(name, dtypes=DTYPES, in_process=True, **FAST)
     assert report.passed, report.summary()

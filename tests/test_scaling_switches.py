@@ -39,7 +39,7 @@ def test_switches_come_from_the_declared_scaling():
 )
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_an_off_by_one_at_a_switch_fails_and_the_correct_kernel_passes(correct, slipped, dtype):
-    flags = dict(CONFIGS[correct], dtypes=dtype, properties="reference", profile="ci", max_examples=2)
+    flags = dict(CONFIGS[correct], dtypes=dtype, properties="reference", profile="ci", max_examples=2, in_process=True)
     right = ropecheck.check(f"{KERNELS}:{correct}", **flags)
     assert right.passed, right.summary()
     wrong = ropecheck.check(f"{KERNELS}:{slipped}", **flags)
