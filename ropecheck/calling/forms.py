@@ -52,6 +52,20 @@ def cu_seqlens(lengths) -> torch.Tensor:
     return torch.tensor(np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))), dtype=torch.int32, device="cpu")
 
 
+# a "padded batch" call (a CUDA-graph batch padded to its captured size): padding tokens
+# before and after the case's, at position 0 (the fused cache-write and QK-norm stages)
+PADDING = (1, 2)
+
+
+def padded_positions(positions: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """A new tensor of the positions with position 0 for ``before`` padding tokens ahead of
+    the case's and ``after`` behind them, along the last axis ((T,), or M-RoPE's (3, T))."""
+    tokens = positions.shape[-1]
+    pad = torch.zeros((*positions.shape[:-1], before + tokens + after), dtype=positions.dtype, device=positions.device)
+    pad[..., before : before + tokens] = positions
+    return pad
+
+
 @dataclass(frozen=True)
 class TargetCall:
     """One call of the target as a stage prepared it: ``fn(*args, **kwargs)``."""

@@ -36,11 +36,10 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ropecheck.calling.forms import ReturnedWrong
+from ropecheck.calling.forms import PADDING, ReturnedWrong, padded_positions
 
 SENTINEL = 8192.0  # what every cache entry holds before the call (exact in every float dtype)
 BLOCK_SIZE = 16  # vLLM's default block size
-PADDING = (1, 2)  # padding tokens before and after the batch, in a "padded" call variant
 
 
 def _rng(*sizes: int) -> np.random.Generator:
@@ -93,9 +92,7 @@ class KVCacheCall:
         mapping = np.full(n, padding_slot, dtype=np.int64)
         mapping[self.before : self.before + self.tokens] = owned
         self.slot_mapping = torch.from_numpy(mapping).to(device=key.device, dtype=positions.dtype)
-        pad = torch.zeros((*positions.shape[:-1], n), dtype=positions.dtype, device=positions.device)
-        pad[..., self.before : self.before + self.tokens] = positions
-        self.positions = pad
+        self.positions = padded_positions(positions, self.before, self.after)
 
     def _padded(self, t: torch.Tensor, keep: Callable) -> torch.Tensor:
         """t, or t's tokens between padding rows in a tensor of ropecheck's."""

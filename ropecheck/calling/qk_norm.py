@@ -24,11 +24,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ropecheck.calling.forms import ReturnedWrong, TargetCall
+from ropecheck.calling.forms import PADDING, ReturnedWrong, TargetCall, padded_positions
 from ropecheck.properties.core import normalization
 from ropecheck.properties.core.dtypes import dtype_name
 
-PADDING = (1, 2)  # all-zero tokens before and after the batch, in a "padded batch" call
 SENTINEL = 8192.0  # what a row-strided qkv's buffer holds past each row (exact in every float dtype)
 
 
@@ -81,23 +80,14 @@ class QKNormCall:
         buffer = torch.full((n, width + self.pad), SENTINEL, dtype=self.dtype)
         qkv = buffer[:, :width]
         qkv.zero_()
-        rows = slice(self.before, self.before + self.tokens)
+        self.rows = rows = slice(self.before, self.before + self.tokens)  # the case's tokens in qkv
         qkv[rows, : self.hq * d] = self.raw["q"].reshape(self.tokens, -1)
         qkv[rows, self.hq * d : (self.hq + self.hk) * d] = self.raw["k"].reshape(self.tokens, -1)
         qkv[:, (self.hq + self.hk) * d :] = self.v.reshape(n, -1)
         self.buffer = buffer.to(self.device)  # its qkv view, on the device
         self.qkv = self.buffer[:, :width]
         self.weights = {which: w.to(self.device) for which, w in self.weights.items()}
-        self.positions = self._padded_positions(positions)
-
-    def _padded_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """The call's positions with position 0 for the padding tokens (M-RoPE's (3, T)
-        positions padded along their tokens)."""
-        if not (self.before or self.after):
-            return positions
-        zeros = positions.new_zeros
-        lead = positions.shape[:-1]
-        return torch.cat((zeros((*lead, self.before)), positions, zeros((*lead, self.after))), dim=-1)
+        self.positions = padded_positions(positions, self.before, self.after) if padded else positions
 
     def arguments(self) -> dict:
         """The values of the norm stage's roles (the positions, padding included)."""
@@ -118,7 +108,7 @@ class QKNormCall:
         return next((p.name for p in self.call.preset.params if p.role == role), role)
 
     def _token(self, i: int) -> str:
-        if self.before <= i < self.before + self.tokens:
+        if not self._padding(i):
             return f"token {i - self.before}"
         return f"the padding token at row {i} of {self._name('qkv')} (all zero, position 0)"
 
@@ -157,7 +147,7 @@ class QKNormCall:
                 "non-finite",
                 f"{self._name('qkv')} holds a non-finite value at {self._token(token)}, {which} for finite input{zero}",
             )
-        for row in [*range(self.before), *range(self.before + self.tokens, qk.shape[0])]:
+        for row in [*range(self.before), *range(self.before + self.tokens, qk.shape[0])]:  # the padding tokens
             if bool((qk[row] != 0).any()):
                 head = int((qk[row] != 0).reshape(qk.shape[1], -1).any(-1).nonzero()[0])
                 raise ReturnedWrong(
@@ -165,18 +155,17 @@ class QKNormCall:
                     f"{self._name('qkv')} holds nonzero q or k values at {self._token(row)} (head {head}): the norm "
                     "of an all-zero head is zero",
                 )
-        rows = slice(self.before, self.before + self.tokens)
         with torch.no_grad():
             for which, out, view in (
-                ("q", qk[rows, : self.hq], q_view),
-                ("k", qk[rows, self.hq :], k_view),
+                ("q", qk[self.rows, : self.hq], q_view),
+                ("k", qk[self.rows, self.hq :], k_view),
             ):
                 u = _host64(self.raw[which])
                 y = out.numpy() * normalization.rms(u, self.eps) / self.scale
                 view.copy_(torch.from_numpy(y).reshape(view.shape).to(device=view.device, dtype=view.dtype))
 
     def _padding(self, row: int) -> bool:
-        return not self.before <= row < self.before + self.tokens
+        return not self.rows.start <= row < self.rows.stop
 
 
 def stages(call, hq: int, q: torch.Tensor, k: torch.Tensor):
