@@ -166,11 +166,7 @@ def declare(target: Target, options: Options) -> Target:
     if preset is not None:
         return _through(target, options, preset, call, declared, parameters)
     limits = [n for n in (target.max_position, options.max_position, declared.max_position) if n is not None]
-    try:
-        device = devices.choose(options.device, target.devices)
-        devices.require(device)
-    except ValueError as exc:
-        raise UnusableTarget(str(exc)) from None
+    device = _device(options, target)
     return target.with_(
         family=fam.name,
         call=call,
@@ -188,6 +184,16 @@ def declare(target: Target, options: Options) -> Target:
     )
 
 
+def _device(options: Options, target: Target) -> str:
+    """The device the run makes the target's inputs on (``devices.choose``), which this machine must have."""
+    try:
+        device = devices.choose(options.device, target.devices)
+        devices.require(device)
+    except ValueError as exc:
+        raise UnusableTarget(str(exc)) from None
+    return device
+
+
 def _through(target: Target, options: Options, preset, call: str, declared, parameters: dict) -> Target:
     """``target`` declared to be called through ``preset``: its call form and capabilities
     are the interface's (in place, k optional, offsets, autograd), the convention becomes
@@ -200,11 +206,7 @@ def _through(target: Target, options: Options, preset, call: str, declared, para
     by_row = table is not None and table.by == "position"
     limits = [n for n in (target.max_position, declared.max_position) if n is not None]
     max_position = options.max_position or (preset.max_position if by_row else (min(limits) if limits else None))
-    try:
-        device = devices.choose(options.device, target.devices)
-        devices.require(device)
-    except ValueError as exc:
-        raise UnusableTarget(str(exc)) from None
+    device = _device(options, target)
     cp_size = options.get("cp_size") or 1
     return target.with_(
         family="rope",
@@ -238,11 +240,7 @@ def _mrope_through(target: Target, options: Options, preset, call: str, declared
     problem = preset_refuses(preset, table)
     if problem:
         raise UnusableTarget(problem)
-    try:
-        device = devices.choose(options.device, target.devices)
-        devices.require(device)
-    except ValueError as exc:
-        raise UnusableTarget(str(exc)) from None
+    device = _device(options, target)
     by_row = preset.table is not None and preset.table.by == "position"
     space = run_space(preset, target, options.call, 1)
     return target.with_(
