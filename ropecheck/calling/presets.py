@@ -703,7 +703,7 @@ PRESETS: dict[str, Preset] = {
                     "positions",
                     factors=(
                         _FI_TOKENS,
-                        draws.choice("positions dtype", ("int32",), f"{_SGLANG_QK_NORM}"),
+                        draws.choice("positions dtype", ("int32",), _SGLANG_QK_NORM),
                     ),
                 ),
                 Param("factor", "yarn_factor"),
