@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from tests.preset_kernels import _heads, _rotate
 from tests.qk_norm_kernels import _fused
 
 
@@ -48,15 +49,8 @@ def _cos_sin(cos_sin_cache, positions, sections, interleaved, bug=""):
 
 def _rotate_heads(t: torch.Tensor, head_size: int, cos, sin, neox: bool) -> None:
     """t (T, H*D) or (T, H, D) rotated in place in its first r features."""
-    heads = t if t.dim() == 3 else t.unflatten(-1, (-1, head_size))
-    half = cos.shape[-1]
-    r = 2 * half
-    v = heads.float().clone()  # float() of a float32 tensor is the tensor itself
-    c, s = cos[:, None, :], sin[:, None, :]
-    first, second = (slice(0, half), slice(half, r)) if neox else (slice(0, r, 2), slice(1, r, 2))
-    x1, x2 = v[..., first], v[..., second]
-    heads[..., first] = (x1 * c - x2 * s).to(t.dtype)
-    heads[..., second] = (x2 * c + x1 * s).to(t.dtype)
+    heads = _heads(t, head_size)
+    heads.copy_(_rotate(heads, cos[:, None, :], sin[:, None, :], neox))
 
 
 # --- vLLM's signature: fn(positions, query, key, head_size, cos_sin_cache, is_neox), the sections by name

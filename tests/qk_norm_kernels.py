@@ -10,8 +10,9 @@ weights and eps, then its first rotary_dim features rotated; v untouched.
 
 from __future__ import annotations
 
-
 import torch
+
+from tests.preset_kernels import _rotate as rotated
 
 # vLLM's fused_qk_norm_rope processes 4 or 8 token-heads per warp from this many on (SM90)
 CHUNKED_TOKEN_HEADS = 10240
@@ -20,16 +21,7 @@ CHUNK = 4
 
 def _rotate(v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
     """v (T, H, D) float32 rotated in its first r = 2 cos.shape[-1] features (cos, sin (T, r/2))."""
-    half = cos.shape[-1]
-    r = 2 * half
-    c, s = cos[:, None, :], sin[:, None, :]
-    if neox:
-        x1, x2 = v[..., :half], v[..., half:r]
-    else:
-        x1, x2 = v[..., 0:r:2], v[..., 1:r:2]
-    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
-    rotated = torch.cat((o1, o2), -1) if neox else torch.stack((o1, o2), -1).flatten(-2)
-    return torch.cat((rotated, v[..., r:]), -1)
+    return rotated(v, cos[:, None, :], sin[:, None, :], neox)
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
