@@ -165,6 +165,20 @@ def vllm_row_stride_ignored(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim
     _fused(packed, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, cos, sin, is_neox)
 
 
+def vllm_zero_head_as_weights(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
+                              cos_sin_cache, is_neox, position_ids):  # fmt: skip
+    """Guards an all-zero head's 0 / 0 by taking it as normalised to ones: a padding token's q
+    and k heads come out as their weights (its position 0 turns nothing), where the norm of
+    an all-zero head is zero."""
+    t = qkv.shape[0]
+    heads = qkv.view(t, num_heads_q + num_heads_k + num_heads_v, head_dim)[:, : num_heads_q + num_heads_k]
+    zero = (heads == 0).all(-1)
+    vllm_correct(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, cos_sin_cache,
+                 is_neox, position_ids)  # fmt: skip
+    weights = torch.stack([q_weight] * num_heads_q + [k_weight] * num_heads_k).expand(t, -1, -1)
+    heads[zero] = weights[zero].to(qkv.dtype)
+
+
 def vllm_contiguous_only(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight,
                          cos_sin_cache, is_neox, position_ids):  # fmt: skip
     """vLLM's own check (CHECK_INPUT(qkv)): a row-strided qkv is refused."""

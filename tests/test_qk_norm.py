@@ -63,6 +63,7 @@ BROKEN = [
     ("vllm_writes_v", "vllm-qk-norm-rope", {}, "contract", "wrote into v's heads of qkv"),
     ("vllm_k_uses_q_weight", "vllm-qk-norm-rope", {}, "reference", "k's head"),
     ("vllm_no_eps", "vllm-qk-norm-rope", {}, "contract", "eps"),
+    ("vllm_zero_head_as_weights", "vllm-qk-norm-rope", {}, "contract", "the norm of an all-zero head is zero"),
     ("vllm_norm_after_rotation", "vllm-qk-norm-rope", {}, "reference", ""),
     ("vllm_rotary_dim_ignored", "vllm-qk-norm-rope", {"rotary_dim": 8}, "reference", ""),
     ("vllm_partial_neox_chunks", "vllm-qk-norm-rope", {"rotary_dim": 8}, "reference", "size switch"),
