@@ -203,6 +203,16 @@ def test_the_header_is_one_line_with_the_flags():
     assert f"Convention: --hf-config {path} = {model.line}\n" in out.output
 
 
+def test_a_longrope_config_s_factor_lists_are_abridged_in_the_header():
+    model = MODELS["phi-3-mini-128k"]
+    args = ["--hf-config", str(DATA / model.file), "--property", "identity", "--max-examples", "1"]
+    out = CliRunner().invoke(main, ["check", f"{kernels.__file__}:phi3_mini_128k", *args, "--profile", "ci",
+                                    "--dtype", "float32", "--in-process"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.output.splitlines() if line.startswith("Convention: --hf-config"))
+    assert header.count("(38 more)") == 2 and len(header) < 700, header  # 48 factors each: 10 shown
+
+
 # --- (b) the same verdicts as the hand-written flags ---------------------------------------------
 
 

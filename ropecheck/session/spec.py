@@ -10,6 +10,8 @@ convention.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Optional
 
 from ropecheck.calling import context_parallel, devices, quiet, sanitizer
@@ -19,6 +21,7 @@ from ropecheck.calling.roles import role
 from ropecheck.properties.convention import Convention
 from ropecheck.properties.core.contract import APPLIER_FORMS, DIFFERENTIABLE_FORMS, ROW_FORMS
 from ropecheck.properties.families import family as family_record
+from ropecheck.properties.inputs.cases import SHOWN, abridged
 from ropecheck.properties.interfaces import draws
 from ropecheck.properties.interfaces.draws import MROPE_MEDIA, media_rules
 from ropecheck.properties.property import Family, FamilyError
@@ -362,10 +365,20 @@ def _check_call(fam: Family, call: str) -> None:
         )
 
 
+_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_LONG_NUMBER_LIST = re.compile(rf"\[(?:\s*{_NUMBER}\s*,){{{SHOWN},}}\s*{_NUMBER}\s*\]")  # more than SHOWN numbers
+
+
 def header(target: Target, options: Optional[Options] = None) -> str:
     """The line a run starts with: what the target is declared to compute (for a family
     other than 1-D RoPE, its flags and the run's, as a reproduce line has them); with
-    --hf-config, the flags its config gave (1-D RoPE: they are the convention)."""
+    --hf-config, the flags its config gave (1-D RoPE: they are the convention). A list of
+    more than SHOWN numbers in them (LongRoPE's factors) is abridged as a printed line
+    abridges one (``cases.abridged``); the reproduce line gives the run whole."""
+    return _LONG_NUMBER_LIST.sub(lambda m: abridged(json.loads(m.group())), _header(target, options))
+
+
+def _header(target: Target, options: Optional[Options]) -> str:
     given = hf_config_line(options)
     fam = family_record(target.family)
     if fam.name == "rope":
