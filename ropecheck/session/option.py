@@ -80,16 +80,26 @@ class Option:
         """The command-line words that give ``value``."""
         if self.kind == SWITCH:
             return [self.cli] if value != self.default else []
-        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):  # (text, parsed)
-            value = value[0]
-        if hasattr(value, "spec"):  # Sizes
-            value = value.spec()
+        value = as_given(value)
         if self.kind == LIST and not self.joined:
             return [w for item in value for w in (self.cli, _text(item))]
         if isinstance(value, (list, tuple)):
             value = ",".join(_text(v) for v in value)
         text = _text(value)
         return [f"{self.cli}={text}"] if text.startswith("-") else [self.cli, text]  # not read as a flag
+
+
+def text_and_parsed(value) -> bool:
+    """Whether an option's value is a (text, parsed) pair (--scaling's)."""
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+
+
+def as_given(value):
+    """An option's value as the command line, a reproduce line or a record gives it: a
+    (text, parsed) pair's text, a ``spec()`` (Sizes, a read model config: its text), else
+    the value."""
+    value = value[0] if text_and_parsed(value) else value
+    return value.spec() if hasattr(value, "spec") else value
 
 
 def _text(value) -> str:

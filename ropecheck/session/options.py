@@ -51,7 +51,7 @@ from ropecheck.session.converters import (
     target_value,
 )
 from ropecheck.session.hf_config import HFConfig
-from ropecheck.session.option import LIST, SWITCH, Option, UsageError, complaint, spelled
+from ropecheck.session.option import LIST, SWITCH, Option, UsageError, as_given, complaint, spelled, text_and_parsed
 
 REGRESSION_FACTOR = 2.0  # --regression-factor: the default threshold of a baseline comparison
 SANITIZE_EXAMPLES = 3  # examples per check under --sanitize (unless --max-examples says otherwise)
@@ -447,7 +447,7 @@ class Options(Mapping):
         out = {}
         for option in OPTIONS:
             if option.name in self.given - self.derived and option.reproduce and option.api:
-                value = _as_given(self._values[option.name])
+                value = as_given(self._values[option.name])
                 if value is not None and value != option.default_for(self.door, self.command):
                     out[option.name] = value
         return out
@@ -456,7 +456,7 @@ class Options(Mapping):
         """The options given, as JSON takes them (a run's record)."""
         out = {}
         for name in sorted(self.given, key=list(BY_NAME).index):
-            value = _as_given(self._values[name])
+            value = as_given(self._values[name])
             if name == "target" and not isinstance(value, str):  # a Python object (the API's)
                 value = getattr(value, "name", None) or getattr(value, "__name__", type(value).__name__)
             out[name] = list(value) if isinstance(value, tuple) else value
@@ -538,27 +538,15 @@ def _from_hf_config(values: dict, given: list, door: str) -> None:
     values["hf_config"] = replace(resolved, flags=flags)
 
 
-def _text_and_parsed(value) -> bool:
-    """Whether an option's value is a (text, parsed) pair (--scaling's)."""
-    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
-
-
-def _as_given(value):
-    """An option's value as a reproduce line or a record gives it: a (text, parsed) pair's
-    text, a read file's ``spec()`` (its path), else the value."""
-    value = value[0] if _text_and_parsed(value) else value
-    return value.spec() if hasattr(value, "spec") else value
-
-
 def _parsed(value):
     """An option's value as compared: a (text, parsed) pair's parsed value (--scaling)."""
-    return value[1] if _text_and_parsed(value) else value
+    return value[1] if text_and_parsed(value) else value
 
 
 def _stating(option: Option, value, door: str) -> str:
     """``--base 10000`` (``base=10000.0`` through the API)."""
     if door == "api":
-        text = value[0] if _text_and_parsed(value) else value
+        text = value[0] if text_and_parsed(value) else value
         return f"{option.name}={text!r}"
     words = option.shown(value) or [f"no {option.cli}"]
     return " ".join(words).replace(option.cli, spelled(option, door), 1)
